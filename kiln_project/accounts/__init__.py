@@ -1,0 +1,1 @@
+"""Users' API tokens (stored hashed) and how API requests are authenticated."""

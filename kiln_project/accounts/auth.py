@@ -1,0 +1,61 @@
+"""How /v1/ requests authenticate: a Bearer token, or the browser session with CSRF.
+
+Anonymous API access exists only when KILN_ALLOW_ANONYMOUS_API is on (off by default) and the
+request comes from a loopback address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
+from ninja.utils import check_csrf
+
+from kiln_project.errors import KilnError
+
+
+def _is_loopback(request) -> bool:
+    try:
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+    except ValueError:
+        return False
+
+
+class LoopbackAnonymous(AnonymousUser):
+    """The caller when anonymous loopback access is allowed: it may do what a user may."""
+
+    def has_perm(self, perm, obj=None) -> bool:
+        return True
+
+
+def api_auth(request):
+    """ninja auth callable: the authenticated user, or None (answered as 401 `unauthorized`)."""
+    header = request.headers.get("Authorization", "")
+    if header:
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return None
+        from kiln_project.accounts.services import token_authenticate
+
+        user = token_authenticate(secret=secret.strip())
+        if user is not None:
+            request.user = user
+        return user
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        if request.method not in ("GET", "HEAD", "OPTIONS") and check_csrf(request) is not None:
+            raise KilnError("csrf_failed", "CSRF check failed for this session request", status=403,
+                            hint="send the csrftoken cookie's value in the X-CSRFToken header, or use a Bearer token")
+        return user
+    if settings.KILN.allow_anonymous_api and _is_loopback(request):
+        request.user = LoopbackAnonymous()
+        return request.user
+    return None
+
+
+def require_permission(request, codename: str) -> None:
+    """Raise 403 `permission_denied` unless the caller holds jobs.<codename>."""
+    if not request.user.has_perm(f"jobs.{codename}"):
+        raise KilnError("permission_denied", f"this user lacks the {codename} permission", status=403,
+                        hint="an administrator can grant it in /admin/ (Users → permissions)")

@@ -1,0 +1,58 @@
+"""Create, check and revoke API tokens; create users from the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.utils import timezone
+
+from kiln_project.accounts.models import ApiToken
+from kiln_project.errors import KilnError
+
+TOKEN_PREFIX = "kiln_"
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
+    """Return the stored token and its secret; the secret is not kept anywhere."""
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise KilnError("user_not_found", f"no user named {username!r}",
+                        hint="create it first: kiln user create USERNAME")
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(user=user, name=name, prefix=secret[:12], token_hash=_hash(secret))
+    return token, secret
+
+
+def token_authenticate(*, secret: str):
+    """The active user a bearer secret belongs to, or None."""
+    token = ApiToken.objects.select_related("user").filter(token_hash=_hash(secret), revoked_at=None).first()
+    if token is None or not token.user.is_active:
+        return None
+    ApiToken.objects.filter(id=token.id).update(last_used_at=timezone.now())
+    return token.user
+
+
+def token_revoke(*, prefix: str) -> int:
+    return ApiToken.objects.filter(prefix=prefix, revoked_at=None).update(revoked_at=timezone.now())
+
+
+def user_create(*, username: str, password: str | None, superuser: bool = False,
+                can_submit: bool = True, can_approve: bool = False):
+    User = get_user_model()
+    if User.objects.filter(username=username).exists():
+        raise KilnError("user_exists", f"a user named {username!r} already exists")
+    if superuser:
+        user = User.objects.create_superuser(username=username, password=password, email="")
+    else:
+        user = User.objects.create_user(username=username, password=password)
+    codenames = (["submit_job"] if can_submit else []) + (["approve_promotion"] if can_approve else [])
+    if codenames:
+        user.user_permissions.add(*Permission.objects.filter(content_type__app_label="jobs", codename__in=codenames))
+    return user

@@ -1,0 +1,90 @@
+"""The /v1/ NinjaAPI: authentication, the error envelope for every failure, and the routers.
+
+Web-facing: imports no torch, transformers, peft or gpu_runtime (import-linter enforces it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError
+from ninja.errors import ValidationError as NinjaValidationError
+
+from kiln_project.accounts.auth import api_auth
+from kiln_project.errors import KilnError, error_envelope
+
+log = logging.getLogger(__name__)
+
+api = NinjaAPI(
+    title="Kiln API",
+    version="1",
+    description="Kiln training and agent control plane: jobs, inference, GRPO training, adapters, evaluations.",
+    auth=api_auth,
+    urls_namespace="v1",
+    docs_url="/docs",
+)
+
+
+def _respond(request, status: int, code: str, message: str, hint: str = "", headers: dict | None = None):
+    response = api.create_response(request, error_envelope(code, message, hint), status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+@api.exception_handler(KilnError)
+def _kiln_error(request, exc: KilnError):
+    return _respond(request, exc.status, exc.code, exc.message, exc.hint, exc.headers)
+
+
+@api.exception_handler(NinjaValidationError)
+def _validation_error(request, exc: NinjaValidationError):
+    first = exc.errors[0] if exc.errors else {}
+    where = ".".join(str(part) for part in first.get("loc", []) if part not in ("body", "payload"))
+    message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid request")
+    return _respond(request, 422, "validation_error", message, f"{len(exc.errors)} problem(s) in the request")
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthorized(request, exc):
+    return _respond(request, 401, "unauthorized", "authentication required",
+                    "send Authorization: Bearer <token> (create one with: kiln token create USER)")
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc: HttpError):
+    return _respond(request, exc.status_code, f"http_{exc.status_code}", str(exc))
+
+
+@api.exception_handler(Http404)
+def _not_found(request, exc):
+    return _respond(request, 404, "not_found", str(exc) or "not found")
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_large(request, exc):
+    from django.conf import settings
+
+    return _respond(request, 413, "request_too_large", "the request body is larger than the server accepts",
+                    f"the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (KILN_MAX_REQUEST_BYTES)")
+
+
+@api.exception_handler(Exception)
+def _internal(request, exc):
+    log.exception("unhandled error in %s %s", request.method, request.path)
+    return _respond(request, 500, "internal_error", "the server failed to handle this request",
+                    "see the server log for the traceback")
+
+
+def _register_routers() -> None:
+    from kiln_project.jobs.api import router as jobs_router
+    from kiln_project.system_api import router as system_router
+
+    api.add_router("/", system_router)
+    api.add_router("/jobs", jobs_router)
+
+
+_register_routers()

@@ -1,0 +1,159 @@
+"""Kiln's effective configuration: defaults, then `kiln.toml`, then `KILN_*` environment variables.
+
+Pure module (no Django import): settings.py, the CLI and the workers all read the same object, so
+`GET /v1/config` shows exactly what every process runs with.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SERVING_PROFILES = ("stable", "maintenance", "experimental")
+DEFAULT_PORT = 8420
+DEFAULT_HOST = "127.0.0.1"
+
+
+class ConfigError(ValueError):
+    """The configuration file or an environment variable holds a value Kiln cannot use."""
+
+
+@dataclass(frozen=True)
+class KilnConfig:
+    home: Path
+    model_path: Path | None
+    serving_profile: str = "stable"
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    database_url: str | None = None
+    redis_url: str | None = None
+    allow_anonymous_api: bool = False
+    max_queued_jobs: int = 32
+    max_request_bytes: int = 8 * 1024 * 1024
+    secret_key: str | None = None
+    config_file: Path | None = None
+    extra_job_modules: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def redis_socket(self) -> Path:
+        """Where `kiln serve` puts its private Redis when no KILN_REDIS_URL is given."""
+        return self.home / "redis" / "redis.sock"
+
+    @property
+    def effective_redis_url(self) -> str:
+        return self.redis_url or f"unix://{self.redis_socket}"
+
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'kiln.sqlite3'}"
+
+    def public_dict(self) -> dict:
+        """The configuration as shown to users: secrets and credentials left out."""
+        data = asdict(self)
+        data.pop("secret_key")
+        data["home"] = str(self.home)
+        data["model_path"] = str(self.model_path) if self.model_path else None
+        data["config_file"] = str(self.config_file) if self.config_file else None
+        data["database_url"] = _redact_url(self.effective_database_url)
+        data["redis_url"] = _redact_url(self.effective_redis_url)
+        data["extra_job_modules"] = list(self.extra_job_modules)
+        return data
+
+
+def _redact_url(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name} must be true or false, not {value!r}")
+
+
+def _parse_int(name: str, value, minimum: int = 0) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be an integer, not {value!r}") from None
+    if number < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, not {number}")
+    return number
+
+
+def _find_config_file(env: dict) -> Path | None:
+    explicit = env.get("KILN_CONFIG")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"KILN_CONFIG names {path}, which is not a file")
+        return path
+    local = Path.cwd() / "kiln.toml"
+    return local if local.is_file() else None
+
+
+def load_config(env: dict | None = None) -> KilnConfig:
+    """Build the effective configuration. Environment variables win over `kiln.toml`."""
+    env = dict(os.environ if env is None else env)
+    config_file = _find_config_file(env)
+    toml: dict = {}
+    if config_file:
+        try:
+            toml = tomllib.loads(config_file.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config_file}: {exc}") from None
+    model_toml = toml.get("model", {})
+    server_toml = toml.get("server", {})
+    jobs_toml = toml.get("jobs", {})
+
+    home = env.get("KILN_HOME") or toml.get("home") or server_toml.get("home") or "~/.kiln"
+    home_path = Path(home).expanduser().resolve()
+
+    model_path = env.get("KILN_MODEL_PATH") or model_toml.get("path")
+    if not model_path and (home_path / "models" / "tiny").is_dir():
+        # The embedded default: the tiny model that `kiln model create-tiny` put in KILN_HOME.
+        model_path = home_path / "models" / "tiny"
+
+    profile = (
+        env.get("KILN_SERVER_SERVING_PROFILE")
+        or env.get("KILN_SERVING_PROFILE")
+        or server_toml.get("serving_profile")
+        or "stable"
+    )
+    if profile not in SERVING_PROFILES:
+        raise ConfigError(f"serving profile must be one of {', '.join(SERVING_PROFILES)}, not {profile!r}")
+
+    anonymous = env.get("KILN_ALLOW_ANONYMOUS_API")
+    extra_modules = env.get("KILN_EXTRA_JOB_MODULES", "")
+    return KilnConfig(
+        home=home_path,
+        model_path=Path(model_path).expanduser().resolve() if model_path else None,
+        serving_profile=profile,
+        host=env.get("KILN_HOST") or server_toml.get("host") or DEFAULT_HOST,
+        port=_parse_int("port", env.get("KILN_PORT") or server_toml.get("port") or DEFAULT_PORT, 1),
+        database_url=env.get("DATABASE_URL") or None,
+        redis_url=env.get("KILN_REDIS_URL") or None,
+        allow_anonymous_api=(
+            _parse_bool("KILN_ALLOW_ANONYMOUS_API", anonymous)
+            if anonymous is not None
+            else bool(server_toml.get("allow_anonymous_api", False))
+        ),
+        max_queued_jobs=_parse_int(
+            "max_queued_jobs", env.get("KILN_MAX_QUEUED_JOBS") or jobs_toml.get("max_queued_jobs") or 32, 1
+        ),
+        max_request_bytes=_parse_int(
+            "max_request_bytes",
+            env.get("KILN_MAX_REQUEST_BYTES") or server_toml.get("max_request_bytes") or 8 * 1024 * 1024,
+            1024,
+        ),
+        secret_key=env.get("KILN_SECRET_KEY") or None,
+        config_file=config_file,
+        extra_job_modules=tuple(m.strip() for m in extra_modules.split(",") if m.strip()),
+    )

@@ -1,0 +1,1 @@
+"""The one persisted job lifecycle that training, evaluation and OpenEnv runs share."""

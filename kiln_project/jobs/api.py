@@ -1,0 +1,47 @@
+"""/v1/jobs: list, inspect and cancel jobs of every kind. Kind-specific routes live with each app."""
+
+from __future__ import annotations
+
+from ninja import Router
+
+from kiln_project.accounts.auth import require_permission
+from kiln_project.errors import KilnError
+from kiln_project.jobs import selectors, services
+from kiln_project.jobs.models import JobState
+from kiln_project.jobs.schemas import JobDetailOut, JobOut, job_out
+
+router = Router(tags=["jobs"])
+
+
+def _get_or_404(job_id: str):
+    job = selectors.job_get(job_id=job_id)
+    if job is None:
+        raise KilnError("job_not_found", f"no job with id {job_id!r}", status=404,
+                        hint="list jobs with GET /v1/jobs")
+    return job
+
+
+@router.get("", response=list[JobOut], summary="List jobs, newest first")
+def list_jobs(request, kind: str | None = None, state: str | None = None, limit: int = 100):
+    if state and state not in JobState.values:
+        raise KilnError("invalid_state", f"state must be one of {', '.join(JobState.values)}", status=400)
+    if not 1 <= limit <= 1000:
+        raise KilnError("invalid_limit", "limit must be between 1 and 1000", status=400)
+    jobs = selectors.job_list(kind=kind, state=state, limit=limit).select_related("submitted_by")
+    return [job_out(job, position=selectors.job_queue_position(job=job)) for job in jobs]
+
+
+@router.get("/{job_id}", response=JobDetailOut, summary="One job with its payload and events")
+def get_job(request, job_id: str):
+    job = _get_or_404(job_id)
+    data = job_out(job, position=selectors.job_queue_position(job=job))
+    data["payload"] = job.payload
+    data["events"] = selectors.job_events(job=job)
+    return data
+
+
+@router.delete("/{job_id}", response=JobOut, summary="Cancel a queued or running job")
+def cancel_job(request, job_id: str):
+    require_permission(request, "submit_job")
+    job = services.job_cancel(job=_get_or_404(job_id), user=request.user)
+    return job_out(job, position=selectors.job_queue_position(job=job))

@@ -1,0 +1,56 @@
+"""Registry of job kinds: which queue runs a kind, and which handler (a dotted path) does the work.
+
+Handlers are named by dotted path so that the web process can register and submit every kind
+without importing the handler's module (which may import torch); only workers import them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+
+QUEUES = ("gpu", "control")
+# Queues whose jobs run one at a time per worker process, in FIFO order (the GPU is one device).
+EXCLUSIVE_QUEUES = frozenset({"gpu"})
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    queue: str
+    handler: str  # "package.module:function" taking (JobContext) and returning a result dict
+    category: str = "other"  # training | evaluation | openenv | other: where the UI lists it
+    queue_full_code: str = "job_queue_full"
+    queue_full_retry_after: int = 30
+
+    def load_handler(self) -> Callable:
+        module_name, _, attr = self.handler.partition(":")
+        return getattr(import_module(module_name), attr)
+
+
+_KINDS: dict[str, JobKind] = {}
+
+
+def register_job_kind(kind: JobKind) -> JobKind:
+    if kind.queue not in QUEUES:
+        raise ValueError(f"job kind {kind.name!r}: queue must be one of {QUEUES}, not {kind.queue!r}")
+    existing = _KINDS.get(kind.name)
+    if existing and existing != kind:
+        raise ValueError(f"job kind {kind.name!r} is already registered differently")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def get_job_kind(name: str) -> JobKind | None:
+    return _KINDS.get(name)
+
+
+def registered_kinds() -> list[JobKind]:
+    return sorted(_KINDS.values(), key=lambda k: k.name)
+
+
+def import_extra_job_modules(modules) -> None:
+    """Import modules that register more kinds (KILN_EXTRA_JOB_MODULES), e.g. plugins or test kinds."""
+    for module in modules:
+        import_module(module)

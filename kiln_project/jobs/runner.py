@@ -1,0 +1,126 @@
+"""Runs claimed jobs inside a worker: the context handed to handlers, cancellation and shutdown.
+
+A handler is `def handler(ctx: JobContext) -> dict`. It reports through ctx.report_progress, polls
+ctx.should_stop() at safe boundaries and raises JobCancelled (or returns) when asked to stop, and
+raises KilnError(code, message) to fail with a stable code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from kiln_project.errors import KilnError
+from kiln_project.jobs.kinds import EXCLUSIVE_QUEUES, get_job_kind
+
+log = logging.getLogger(__name__)
+
+_queue_locks = {queue: threading.Lock() for queue in EXCLUSIVE_QUEUES}
+_shutting_down = threading.Event()
+_CANCEL_POLL_SECONDS = 0.5
+
+
+class JobCancelled(Exception):
+    """Raised by a handler that stopped early because should_stop() said so."""
+
+
+class JobContext:
+    def __init__(self, job):
+        self.job = job
+        self.job_id = str(job.uuid)
+        self.payload = job.payload
+        self._last_cancel_check = 0.0
+        self._cancel_seen = False
+
+    def report_progress(self, progress: float, message: str = "", metrics: dict | None = None) -> None:
+        from kiln_project.jobs.services import job_report_progress
+
+        job_report_progress(job=self.job, progress=progress, message=message, metrics=metrics)
+
+    def log(self, message: str, data: dict | None = None) -> None:
+        from kiln_project.jobs.services import job_log
+
+        job_log(job=self.job, message=message, data=data)
+
+    def should_stop(self) -> bool:
+        """True once cancellation was requested or the worker is shutting down (cheap to call often)."""
+        if self._cancel_seen or _shutting_down.is_set():
+            return True
+        now = time.monotonic()
+        if now - self._last_cancel_check >= _CANCEL_POLL_SECONDS:
+            from kiln_project.jobs.models import Job
+
+            self._last_cancel_check = now
+            self._cancel_seen = Job.objects.filter(id=self.job.id, cancel_requested=True).exists()
+        return self._cancel_seen
+
+    def raise_if_stopped(self) -> None:
+        if self.should_stop():
+            raise JobCancelled()
+
+
+def request_shutdown() -> None:
+    """Ask running handlers to stop; their jobs end failed with job_interrupted (not silently re-run)."""
+    _shutting_down.set()
+
+
+def run_queued_jobs(queue: str) -> None:
+    """Drain a queue in FIFO order; exclusive queues run one job at a time in this process."""
+    from kiln_project.jobs.models import Job, JobState
+    from kiln_project.jobs.worker_state import current_worker_id
+
+    lock = _queue_locks.get(queue)
+    while not _shutting_down.is_set():
+        if lock is not None and not lock.acquire(blocking=False):
+            return  # the thread holding the lock drains the queue, and re-checks after releasing it
+        try:
+            while not _shutting_down.is_set():
+                if not _run_one(queue, current_worker_id()):
+                    break
+        finally:
+            if lock is not None:
+                lock.release()
+        if lock is None or not Job.objects.filter(queue=queue, state=JobState.QUEUED).exists():
+            return
+
+
+def _run_one(queue: str, worker_id: str) -> bool:
+    from kiln_project.jobs import services
+
+    job = services.job_claim_next(queue=queue, worker_id=worker_id)
+    if job is None:
+        return False
+    kind = get_job_kind(job.kind)
+    if kind is None:
+        services.job_fail(job=job, code="job_kind_unknown", message=f"this worker has no handler for {job.kind!r}")
+        return True
+    ctx = JobContext(job)
+    try:
+        result = kind.load_handler()(ctx)
+    except JobCancelled:
+        _settle_stopped(job, ctx, result=None)
+    except KilnError as exc:
+        services.job_fail(job=job, code=exc.code, message=exc.message)
+    except BaseException as exc:  # noqa: BLE001 - includes dramatiq's TimeLimitExceeded
+        log.exception("job %s failed", job.uuid)
+        code = "job_time_limit" if type(exc).__name__ == "TimeLimitExceeded" else "job_error"
+        services.job_fail(job=job, code=code, message=f"{type(exc).__name__}: {exc}"[:2000])
+        if not isinstance(exc, Exception):
+            raise
+    else:
+        if ctx._cancel_seen or _shutting_down.is_set():
+            _settle_stopped(job, ctx, result=result)
+        else:
+            services.job_complete(job=job, result=result or {})
+    return True
+
+
+def _settle_stopped(job, ctx: JobContext, result: dict | None) -> None:
+    from kiln_project.jobs import services
+
+    if _shutting_down.is_set() and not ctx._cancel_seen:
+        services.job_fail(job=job, code="job_interrupted", message="the worker shut down while the job ran",
+                          result=result)
+    else:
+        services.job_mark_cancelled(job=job, result=result)

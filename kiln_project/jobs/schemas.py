@@ -1,0 +1,59 @@
+"""API shapes of jobs (shared by every job kind)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ninja import Schema
+
+
+class JobEventOut(Schema):
+    type: str
+    message: str
+    data: dict
+    created_at: datetime
+
+
+class JobOut(Schema):
+    id: str
+    kind: str
+    queue: str
+    state: str
+    title: str
+    progress: float
+    progress_message: str
+    metrics: dict
+    result: dict
+    error: dict | None
+    cancel_requested: bool
+    queue_position: int | None
+    submitted_by: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobDetailOut(JobOut):
+    payload: dict
+    events: list[JobEventOut]
+
+
+def job_out(job, *, position: int | None = None) -> dict:
+    return {
+        "id": str(job.uuid),
+        "kind": job.kind,
+        "queue": job.queue,
+        "state": job.state,
+        "title": job.title,
+        "progress": job.progress,
+        "progress_message": job.progress_message,
+        "metrics": job.metrics,
+        "result": job.result,
+        "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
+        "cancel_requested": job.cancel_requested,
+        "queue_position": position,
+        "submitted_by": job.submitted_by.username if job.submitted_by_id else None,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }

@@ -1,0 +1,54 @@
+"""Read-only queries about jobs and workers for the API, the pages and /health."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db.models import Count, QuerySet
+from django.utils import timezone
+
+from kiln_project.jobs.kinds import registered_kinds
+from kiln_project.jobs.models import Job, JobState, WorkerHeartbeat
+
+
+def job_list(*, kind: str | None = None, state: str | None = None, category: str | None = None,
+             limit: int = 100) -> QuerySet[Job]:
+    jobs = Job.objects.all().order_by("-id")
+    if kind:
+        jobs = jobs.filter(kind=kind)
+    if state:
+        jobs = jobs.filter(state=state)
+    if category:
+        jobs = jobs.filter(kind__in=[k.name for k in registered_kinds() if k.category == category])
+    return jobs[:limit]
+
+
+def job_get(*, job_id: str) -> Job | None:
+    try:
+        key = uuid.UUID(str(job_id))
+    except ValueError:
+        return None
+    return Job.objects.filter(uuid=key).first()
+
+
+def job_queue_position(*, job: Job) -> int | None:
+    """1 for the next job to start on its queue; None once it has left the queue."""
+    if job.state != JobState.QUEUED:
+        return None
+    return Job.objects.filter(queue=job.queue, state=JobState.QUEUED, id__lt=job.id).count() + 1
+
+
+def job_events(*, job: Job, limit: int = 200):
+    return list(job.events.order_by("-id")[:limit])[::-1]
+
+
+def workers_alive(*, stale_after_seconds: int = 30) -> list[WorkerHeartbeat]:
+    cutoff = timezone.now() - timezone.timedelta(seconds=stale_after_seconds)
+    return list(WorkerHeartbeat.objects.filter(stopped=False, last_seen__gte=cutoff).order_by("worker_id"))
+
+
+def job_counts() -> dict[str, int]:
+    counts = {state: 0 for state in JobState.values}
+    for row in Job.objects.values("state").annotate(n=Count("id")):
+        counts[row["state"]] = row["n"]
+    return counts

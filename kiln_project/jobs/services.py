@@ -1,0 +1,153 @@
+"""Services that change job state. Each writes its event row and schedules its broadcast on commit.
+
+Every transition is a conditional UPDATE on the current state, so two processes can never both
+start, finish or cancel the same job: nothing runs twice.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from kiln_project.errors import KilnError
+from kiln_project.jobs.broadcast import broadcast_job_changed
+from kiln_project.jobs.kinds import get_job_kind
+from kiln_project.jobs.models import TERMINAL_STATES, Job, JobEvent, JobState
+
+
+def _event(job: Job, type_: str, message: str = "", data: dict | None = None) -> None:
+    JobEvent.objects.create(job=job, type=type_, message=message[:500], data=data or {})
+    transaction.on_commit(lambda: broadcast_job_changed(job_id=str(job.uuid), event=type_))
+
+
+def job_submit(*, kind: str, payload: dict, title: str = "", user=None, max_queued: int | None = None) -> Job:
+    """Persist a queued job and wake its queue after commit. Refuses with 503 when the queue is full."""
+    from django.conf import settings
+
+    from kiln_project.jobs.dispatch import wake_queue
+
+    job_kind = get_job_kind(kind)
+    if job_kind is None:
+        raise KilnError("job_kind_unknown", f"no job kind named {kind!r} is registered", status=400)
+    cap = max_queued if max_queued is not None else settings.KILN.max_queued_jobs
+    with transaction.atomic():
+        queued = Job.objects.filter(queue=job_kind.queue, state=JobState.QUEUED).count()
+        if queued >= cap:
+            raise KilnError(
+                job_kind.queue_full_code,
+                f"the {job_kind.queue} queue already holds {queued} queued jobs (cap {cap})",
+                hint="wait for queued work to finish, or cancel some, then submit again",
+                status=503,
+                headers={"Retry-After": str(job_kind.queue_full_retry_after)},
+            )
+        job = Job.objects.create(
+            kind=kind,
+            queue=job_kind.queue,
+            title=title[:200],
+            payload=payload,
+            submitted_by=user if getattr(user, "is_authenticated", False) else None,
+        )
+        _event(job, "queued", f"queued on {job.queue}")
+        queue_name = job.queue
+        transaction.on_commit(lambda: wake_queue(queue_name))
+    return job
+
+
+def job_claim_next(*, queue: str, worker_id: str) -> Job | None:
+    """Move the oldest queued job of a queue to running for this worker; None when none is left."""
+    while True:
+        candidate = Job.objects.filter(queue=queue, state=JobState.QUEUED).order_by("id").first()
+        if candidate is None:
+            return None
+        now = timezone.now()
+        with transaction.atomic():
+            claimed = Job.objects.filter(id=candidate.id, state=JobState.QUEUED).update(
+                state=JobState.RUNNING, worker_id=worker_id, started_at=now, updated_at=now
+            )
+            if claimed:
+                job = Job.objects.get(id=candidate.id)
+                _event(job, "running", f"started by {worker_id}")
+                return job
+        # Another worker took it (or it was cancelled) between the read and the update: try the next.
+
+
+def job_report_progress(*, job: Job, progress: float, message: str = "", metrics: dict | None = None) -> None:
+    progress = min(max(float(progress), 0.0), 1.0)
+    fields = {"progress": progress, "progress_message": message[:300], "updated_at": timezone.now()}
+    if metrics is not None:
+        fields["metrics"] = metrics
+    with transaction.atomic():
+        updated = Job.objects.filter(id=job.id, state=JobState.RUNNING).update(**fields)
+        if updated:
+            job.progress, job.progress_message = progress, message[:300]
+            _event(job, "progress", message, {"progress": progress, **({"metrics": metrics} if metrics else {})})
+
+
+def job_log(*, job: Job, message: str, data: dict | None = None) -> None:
+    with transaction.atomic():
+        _event(job, "log", message, data)
+
+
+def _finish(job: Job, state: str, *, event_message: str, **fields) -> bool:
+    now = timezone.now()
+    with transaction.atomic():
+        updated = Job.objects.filter(id=job.id, state=JobState.RUNNING).update(
+            state=state, finished_at=now, updated_at=now, **fields
+        )
+        if updated:
+            _event(job, state, event_message, {k: v for k, v in fields.items() if k.startswith("error")})
+    return bool(updated)
+
+
+def job_complete(*, job: Job, result: dict) -> bool:
+    return _finish(job, JobState.COMPLETED, event_message="completed", result=result or {}, progress=1.0)
+
+
+def job_fail(*, job: Job, code: str, message: str, result: dict | None = None) -> bool:
+    return _finish(
+        job, JobState.FAILED, event_message=f"{code}: {message}", error_code=code, error_message=message,
+        result=result or {},
+    )
+
+
+def job_mark_cancelled(*, job: Job, result: dict | None = None) -> bool:
+    return _finish(
+        job, JobState.CANCELLED, event_message="cancelled while running", error_code="job_cancelled",
+        error_message="cancelled on request", result=result or {},
+    )
+
+
+def job_cancel(*, job: Job, user=None) -> Job:
+    """Cancel a queued job at once, or ask a running one to stop at its next safe boundary."""
+    who = getattr(user, "username", "") or "anonymous"
+    now = timezone.now()
+    with transaction.atomic():
+        if Job.objects.filter(id=job.id, state=JobState.QUEUED).update(
+            state=JobState.CANCELLED, error_code="job_cancelled", error_message=f"cancelled by {who} before it started",
+            finished_at=now, updated_at=now,
+        ):
+            job.refresh_from_db()
+            _event(job, "cancelled", f"cancelled by {who} while queued")
+            return job
+        if Job.objects.filter(id=job.id, state=JobState.RUNNING, cancel_requested=False).update(
+            cancel_requested=True, updated_at=now
+        ):
+            job.refresh_from_db()
+            _event(job, "cancel_requested", f"cancellation requested by {who}")
+            return job
+    job.refresh_from_db()
+    if job.state in TERMINAL_STATES:
+        raise KilnError(
+            "job_not_cancellable", f"job {job.uuid} is already {job.state}", status=409,
+            hint="only queued or running jobs can be cancelled",
+        )
+    return job  # running with cancellation already requested: cancelling twice is harmless
+
+
+def jobs_fail_interrupted(*, job_ids: list[int], reason: str) -> int:
+    """Fail jobs whose worker died mid-run (restart recovery). They are never re-run silently."""
+    count = 0
+    for job in Job.objects.filter(id__in=job_ids, state=JobState.RUNNING):
+        if job_fail(job=job, code="job_interrupted", message=reason):
+            count += 1
+    return count

@@ -1,0 +1,25 @@
+"""Dramatiq middleware that ties a worker process into Kiln: boot recovery, heartbeat, clean stop."""
+
+from __future__ import annotations
+
+import os
+
+from dramatiq.middleware import Middleware
+
+
+class KilnWorkerMiddleware(Middleware):
+    def after_worker_boot(self, broker, worker):
+        from kiln_project.jobs.worker_state import start_worker
+
+        queues = [q for q in os.environ.get("KILN_WORKER_QUEUES", "gpu,control").split(",") if q]
+        start_worker(queues)
+
+    def before_worker_shutdown(self, broker, worker):
+        from kiln_project.jobs.runner import request_shutdown
+
+        request_shutdown()
+
+    def after_worker_shutdown(self, broker, worker):
+        from kiln_project.jobs.worker_state import stop_worker
+
+        stop_worker()

@@ -1,0 +1,131 @@
+"""This worker process's identity, its heartbeat row, and restart recovery of the queues it serves."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+
+from django.db import close_old_connections
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 5
+# A worker silent for this long is dead, whatever its row says (another host, a frozen process).
+STALE_AFTER_SECONDS = 30
+
+_worker_id: str | None = None
+_worker_queues: list[str] = []
+_worker_status: dict = {}
+_stop = threading.Event()
+
+
+def current_worker_id() -> str:
+    global _worker_id
+    if _worker_id is None:
+        _worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return _worker_id
+
+
+def set_worker_status(**status) -> None:
+    """Extra facts a worker publishes in its heartbeat (e.g. whether the model loaded, and why not)."""
+    _worker_status.update(status)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_is_dead(heartbeat, now=None) -> bool:
+    if heartbeat is None or heartbeat.stopped:
+        return True
+    now = now or timezone.now()
+    if (now - heartbeat.last_seen).total_seconds() > STALE_AFTER_SECONDS:
+        return True
+    return heartbeat.hostname == socket.gethostname() and not _pid_alive(heartbeat.pid)
+
+
+def beat() -> None:
+    from kiln_project.jobs.models import WorkerHeartbeat
+
+    now = timezone.now()
+    WorkerHeartbeat.objects.update_or_create(
+        worker_id=current_worker_id(),
+        defaults={
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": _worker_queues,
+            "status": dict(_worker_status),
+            "last_seen": now,
+            "stopped": False,
+        },
+        create_defaults={
+            "hostname": socket.gethostname(), "pid": os.getpid(), "queues": _worker_queues,
+            "status": dict(_worker_status), "started_at": now, "last_seen": now,
+        },
+    )
+
+
+def recover_queues(queues: list[str]) -> list[int]:
+    """Fail running jobs whose worker died; return the ids of queued jobs to dispatch again, in order."""
+    from kiln_project.jobs.models import Job, JobState, WorkerHeartbeat
+    from kiln_project.jobs.services import jobs_fail_interrupted
+
+    me = current_worker_id()
+    interrupted = []
+    for job in Job.objects.filter(queue__in=queues, state=JobState.RUNNING).exclude(worker_id=me):
+        heartbeat = WorkerHeartbeat.objects.filter(worker_id=job.worker_id).first()
+        if worker_is_dead(heartbeat):
+            interrupted.append(job.id)
+    if interrupted:
+        count = jobs_fail_interrupted(job_ids=interrupted, reason="its worker stopped while the job was running")
+        log.warning("marked %d interrupted job(s) failed", count)
+    return list(Job.objects.filter(queue__in=queues, state=JobState.QUEUED).order_by("id").values_list("id", flat=True))
+
+
+def start_worker(queues: list[str]) -> None:
+    """Register this process, recover its queues, wake them, and keep the heartbeat going."""
+    from kiln_project.jobs.dispatch import wake_queue
+
+    global _worker_queues
+    _worker_queues = sorted(set(queues))
+    beat()
+    recoverable = [q for q in _worker_queues if q in ("gpu", "control")]
+    queued = recover_queues(recoverable)
+    from kiln_project.jobs.models import Job
+
+    for queue in recoverable:
+        waiting = Job.objects.filter(id__in=queued, queue=queue).count()
+        for _ in range(max(waiting, 0) if queue != "gpu" else min(waiting, 1)):
+            wake_queue(queue)
+    close_old_connections()
+    threading.Thread(target=_heartbeat_loop, name="kiln-heartbeat", daemon=True).start()
+
+
+def _heartbeat_loop() -> None:
+    while not _stop.wait(HEARTBEAT_SECONDS):
+        try:
+            beat()
+        except Exception as exc:  # noqa: BLE001 - a missed beat is retried; the DB may be restarting
+            log.warning("heartbeat failed: %s", exc)
+        finally:
+            close_old_connections()
+
+
+def stop_worker() -> None:
+    from kiln_project.jobs.models import WorkerHeartbeat
+
+    _stop.set()
+    try:
+        WorkerHeartbeat.objects.filter(worker_id=current_worker_id()).update(stopped=True, last_seen=timezone.now())
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not record worker stop: %s", exc)

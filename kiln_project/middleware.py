@@ -1,0 +1,50 @@
+"""Makes every /v1/ failure an error envelope, including Django's own 404, 405, 413 and 500 pages."""
+
+from __future__ import annotations
+
+import json
+
+from django.http import JsonResponse
+
+from kiln_project.errors import error_envelope
+
+_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+          405: "method_not_allowed", 413: "request_too_large", 500: "internal_error"}
+
+
+def _is_envelope(response) -> bool:
+    if not response.get("Content-Type", "").startswith("application/json"):
+        return False
+    try:
+        body = json.loads(response.content)
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(body, dict) and isinstance(body.get("error"), dict) and "code" in body["error"]
+
+
+class ApiErrorEnvelopeMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if not request.path.startswith("/v1/") or response.status_code < 400 or getattr(response, "streaming", False):
+            return response
+        if _is_envelope(response):
+            return response
+        status = response.status_code
+        code = _CODES.get(status, f"http_{status}")
+        if status == 405:
+            allowed = response.get("Allow", "")
+            wrapped = JsonResponse(error_envelope(code, f"{request.method} is not allowed on {request.path}",
+                                                  f"allowed: {allowed}" if allowed else ""), status=405)
+            if allowed:
+                wrapped["Allow"] = allowed
+            return wrapped
+        message = {404: f"no route {request.path}", 500: "the server failed to handle this request"}.get(
+            status, f"request failed with status {status}")
+        hint = "see /v1/docs for the routes" if status == 404 else ""
+        wrapped = JsonResponse(error_envelope(code, message, hint), status=status)
+        if "Retry-After" in response:
+            wrapped["Retry-After"] = response["Retry-After"]
+        return wrapped

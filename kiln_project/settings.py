@@ -1,0 +1,155 @@
+"""Django settings for Kiln, derived from the effective KilnConfig (kiln.toml + KILN_* variables)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import environ
+
+from kiln_project.config import load_config
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+KILN = load_config()
+KILN.home.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """Use KILN_SECRET_KEY, else a key generated once and kept in KILN_HOME (never in the repo)."""
+    if KILN.secret_key:
+        return KILN.secret_key
+    key_file = KILN.home / "secret_key"
+    if not key_file.exists():
+        tmp = key_file.with_name(".secret_key.tmp")
+        tmp.write_text(secrets.token_urlsafe(50))
+        tmp.chmod(0o600)
+        tmp.replace(key_file)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = False
+ALLOWED_HOSTS = ["*"]  # Kiln binds loopback by default; a proxy in front decides exposure.
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "ninja",
+    "channels",
+    "django_htmx",
+    "template_partials",
+    "django_dramatiq",
+    "kiln_project.accounts",
+    "kiln_project.jobs",
+    "kiln_project.ui",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "kiln_project.middleware.ApiErrorEnvelopeMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "kiln_project.urls"
+ASGI_APPLICATION = "kiln_project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "kiln_project.ui.context.kiln_context",
+            ],
+        },
+    }
+]
+
+_env = environ.Env()
+DATABASES = {"default": _env.db_url_config(KILN.effective_database_url)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the workers write while the web process reads; the timeout rides out short locks.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [KILN.effective_redis_url], "prefix": "kiln:channels"},
+    }
+}
+
+DRAMATIQ_BROKER = {
+    "BROKER": "dramatiq.brokers.redis.RedisBroker",
+    "OPTIONS": {"url": KILN.effective_redis_url, "namespace": "kiln-dramatiq"},
+    "MIDDLEWARE": [
+        "dramatiq.middleware.AgeLimit",
+        "dramatiq.middleware.TimeLimit",
+        "dramatiq.middleware.Callbacks",
+        "dramatiq.middleware.Pipelines",
+        "dramatiq.middleware.Retries",
+        "django_dramatiq.middleware.DbConnectionsMiddleware",
+        "kiln_project.jobs.worker_middleware.KilnWorkerMiddleware",
+    ],
+}
+DRAMATIQ_RESULT_BACKEND = {
+    "BACKEND": "dramatiq.results.backends.redis.RedisBackend",
+    "BACKEND_OPTIONS": {"url": KILN.effective_redis_url, "namespace": "kiln-results"},
+    "MIDDLEWARE_OPTIONS": {"result_ttl": 10 * 60 * 1000},
+}
+DRAMATIQ_AUTODISCOVER_MODULES = ["tasks"]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 8}},
+]
+LOGIN_URL = "/ui/login/"
+LOGIN_REDIRECT_URL = "/ui/"
+LOGOUT_REDIRECT_URL = "/ui/login/"
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = KILN.max_request_bytes
+FILE_UPLOAD_MAX_MEMORY_SIZE = KILN.max_request_bytes
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = KILN.home / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+STATICFILES_DIRS = [BASE_DIR / "static"]
+WHITENOISE_USE_FINDERS = True  # serve straight from the apps' static dirs: no collectstatic step
+
+NINJA_PAGINATION_PER_PAGE = 50
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+    "loggers": {"django.request": {"level": "ERROR"}, "daphne": {"level": "WARNING"}},
+}

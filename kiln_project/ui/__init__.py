@@ -1,0 +1,1 @@
+"""The server-rendered dashboard at /ui/: pages, partials and the live-update consumers."""

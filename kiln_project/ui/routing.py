@@ -1,0 +1,3 @@
+"""WebSocket routes for live dashboard pages."""
+
+websocket_urlpatterns = []

@@ -1,0 +1,23 @@
+"""URL map: /ui/ pages, /v1/ API, /health, /admin/. Imports no torch (import-linter enforces it)."""
+
+from django.contrib import admin
+from django.http import JsonResponse
+from django.urls import include, path
+from django.views.generic import RedirectView
+
+from kiln_project.api import api
+from kiln_project.health import health_report
+
+
+def health(request):
+    status, body = health_report()
+    return JsonResponse(body, status=status)
+
+
+urlpatterns = [
+    path("", RedirectView.as_view(url="/ui/", permanent=False)),
+    path("health", health, name="health"),
+    path("v1/", api.urls),
+    path("ui/", include("kiln_project.ui.urls")),
+    path("admin/", admin.site.urls),
+]
