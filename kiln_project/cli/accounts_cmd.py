@@ -1,0 +1,74 @@
+"""`kiln user create` and `kiln token create|revoke`: local commands that write the database directly."""
+
+from __future__ import annotations
+
+import getpass
+import os
+
+
+def add_parser(subparsers) -> None:
+    user = subparsers.add_parser("user", help="manage users (local)")
+    user_sub = user.add_subparsers(dest="user_command", required=True)
+    create = user_sub.add_parser("create", help="create a user who can log in to /ui/")
+    create.add_argument("username")
+    create.add_argument("--superuser", action="store_true", help="may use /admin/ and approve promotions")
+    create.add_argument("--approver", action="store_true", help="may approve or reject promotions")
+    create.add_argument("--password-env", default="KILN_PASSWORD",
+                        help="read the password from this variable instead of prompting")
+    user.set_defaults(handler=run_user)
+
+    token = subparsers.add_parser("token", help="manage API tokens (local)")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    token_create = token_sub.add_parser("create", help="create an API token for USER and print it once")
+    token_create.add_argument("username")
+    token_create.add_argument("--name", default="")
+    revoke = token_sub.add_parser("revoke", help="revoke a token by its prefix")
+    revoke.add_argument("prefix")
+    token.set_defaults(handler=run_token)
+
+
+def _setup() -> None:
+    import django
+
+    django.setup()
+
+
+def run_user(args) -> int:
+    from kiln_project.cli.client import CliError
+
+    _setup()
+    from kiln_project.accounts.services import user_create
+    from kiln_project.errors import KilnError
+
+    password = os.environ.get(args.password_env)
+    if password is None:
+        password = getpass.getpass(f"password for {args.username}: ")
+    if len(password) < 8:
+        raise CliError("weak_password", "the password must be at least 8 characters")
+    try:
+        user_create(username=args.username, password=password, superuser=args.superuser,
+                    can_approve=args.approver or args.superuser)
+    except KilnError as exc:
+        raise CliError(exc.code, exc.message, exc.hint) from None
+    print(f"created user {args.username}")
+    return 0
+
+
+def run_token(args) -> int:
+    from kiln_project.cli.client import CliError
+
+    _setup()
+    from kiln_project.accounts.services import token_create, token_revoke
+    from kiln_project.errors import KilnError
+
+    if args.token_command == "create":
+        try:
+            _, secret = token_create(username=args.username, name=args.name)
+        except KilnError as exc:
+            raise CliError(exc.code, exc.message, exc.hint) from None
+        print(secret)
+        return 0
+    if not token_revoke(prefix=args.prefix):
+        raise CliError("token_not_found", f"no active token starts with {args.prefix!r}")
+    print(f"revoked {args.prefix}")
+    return 0

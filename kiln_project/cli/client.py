@@ -1,0 +1,58 @@
+"""A small HTTP client for the Kiln API used by every client command.
+
+It reads --url (default KILN_URL, else http://127.0.0.1:8420) and KILN_API_TOKEN, and turns the
+API's error envelope into CliError so the command prints one line and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8420"
+
+
+class CliError(Exception):
+    def __init__(self, code: str, message: str, hint: str = "", exit_code: int = 1):
+        super().__init__(message)
+        self.code, self.message, self.hint, self.exit_code = code, message, hint, exit_code
+
+    def line(self) -> str:
+        text = f"error: {self.code}: {self.message}"
+        return f"{text} (hint: {self.hint})" if self.hint else text
+
+
+def default_url() -> str:
+    return os.environ.get("KILN_URL") or DEFAULT_URL
+
+
+class KilnClient:
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
+        self.url = (url or default_url()).rstrip("/")
+        token = token if token is not None else os.environ.get("KILN_API_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def request(self, method: str, path: str, **kwargs):
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise CliError("connection_failed", f"cannot reach Kiln at {self.url}: {exc}",
+                           "is `kiln serve` running? pass --url or set KILN_URL") from None
+        if response.status_code >= 400:
+            try:
+                error = response.json()["error"]
+                raise CliError(error["code"], error["message"], error.get("hint", ""))
+            except (ValueError, KeyError, TypeError):
+                raise CliError(f"http_{response.status_code}", response.text[:200] or response.reason_phrase) from None
+        return response.json() if response.content else None
+
+    def get(self, path: str, **kwargs):
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs):
+        return self.request("POST", path, **kwargs)
+
+    def delete(self, path: str, **kwargs):
+        return self.request("DELETE", path, **kwargs)

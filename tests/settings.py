@@ -1,0 +1,27 @@
+"""Settings for in-process tests: a throw-away KILN_HOME, an in-memory channel layer, a stub broker.
+
+Tests that need real Redis, workers and a web server use tests/support/stack.py, whose processes run
+with the product settings (kiln_project.settings), not these.
+"""
+
+import os
+import tempfile
+
+os.environ.setdefault("KILN_HOME", tempfile.mkdtemp(prefix="kiln-test-home-"))
+os.environ.setdefault("KILN_SECRET_KEY", "test-secret-key-not-for-production-0123456789")
+os.environ["KILN_EXTRA_JOB_MODULES"] = "tests.support.job_kinds"
+
+from kiln_project.settings import *  # noqa: E402,F403
+
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+DRAMATIQ_BROKER = {
+    "BROKER": "dramatiq.brokers.stub.StubBroker",
+    "OPTIONS": {},
+    "MIDDLEWARE": ["dramatiq.middleware.TimeLimit", "dramatiq.middleware.Retries"],
+}
+DRAMATIQ_RESULT_BACKEND = {
+    "BACKEND": "dramatiq.results.backends.stub.StubBackend",
+    "BACKEND_OPTIONS": {},
+    "MIDDLEWARE_OPTIONS": {"result_ttl": 60000},
+}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

