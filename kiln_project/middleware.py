@@ -23,10 +23,29 @@ def _is_envelope(response) -> bool:
 
 
 class ApiErrorEnvelopeMiddleware:
+    @staticmethod
+    def _refuse_large_body(request):
+        """Answer 413 before any view reads a body larger than the configured limit."""
+        from django.conf import settings
+
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and length > limit:
+            return JsonResponse(error_envelope("request_too_large", f"the request body has {length} bytes",
+                                               f"the limit is {limit} bytes (KILN_MAX_REQUEST_BYTES)"), status=413)
+        return None
+
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
+        if request.path.startswith("/v1/"):
+            too_large = self._refuse_large_body(request)
+            if too_large is not None:
+                return too_large
         response = self.get_response(request)
         if not request.path.startswith("/v1/") or response.status_code < 400 or getattr(response, "streaming", False):
             return response

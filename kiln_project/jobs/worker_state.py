@@ -42,7 +42,12 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    # A killed process whose parent died too can linger as a zombie until init reaps it.
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def worker_is_dead(heartbeat, now=None) -> bool:

@@ -1,0 +1,305 @@
+"""Build Kiln's tiny deterministic Qwen3-architecture model (`kiln model create-tiny`). Imports no Django.
+
+The recipe (documented in docs/tiny-model.md): train a byte-level BPE tokenizer on a built-in
+corpus, initialise a small Qwen3ForCausalLM from the seed, warm it on CPU for a bounded number of
+steps on synthetic arithmetic / JSON / chat tasks, measure held-out arithmetic accuracy at
+temperature 0.9, and publish the directory atomically. The same seed and step count give
+byte-identical files on the same torch build and CPU type: all randomness flows from the seed,
+the warm-up runs with deterministic algorithms and a fixed thread count, and nothing
+time-dependent is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from gpu_runtime.chat_template import CHAT_TEMPLATE, ENDOFTEXT, IM_END, MARKUP_TOKENS, SPECIAL_TOKENS
+from gpu_runtime.identity import file_manifest, manifest_digest
+from gpu_runtime.tiny_tasks import SYSTEM_PROMPT, Example, TaskSampler, held_out_arithmetic, tokenizer_corpus
+from kiln_project.canonical import json_digest
+
+RECIPE_SCHEMA = "kiln.tiny-model.v1"
+RECIPE_FILE = "kiln_tiny_model.json"
+DEFAULT_WARM_STEPS = 900
+VOCAB_SIZE = 1024
+MODEL_SHAPE = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+}
+BATCH_SIZE = 64
+LEARNING_RATE = 3e-3
+WARM_THREADS = 2  # fixed, not "all cores": GEMM reductions split differently with other counts
+THINKING_FRACTION = 0.25
+SYSTEM_FRACTION = 0.3
+EVAL_PROMPTS = 200
+EVAL_TEMPERATURE = 0.9
+EVAL_SEED = 7
+# Qwen2/Qwen3 pre-tokenizer: digits split one by one, words keep a leading space.
+QWEN_SPLIT_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def create_tiny_model(out_dir: Path, *, seed: int = 0, warm_steps: int = DEFAULT_WARM_STEPS) -> dict:
+    """Build, warm, evaluate and atomically publish the tiny model into `out_dir`; return a summary.
+
+    `out_dir` must not exist or be empty. The summary has the recipe written to
+    `kiln_tiny_model.json` plus `warm_seconds`, `total_seconds` and `path`.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise FileExistsError(f"{out_dir} exists and is not an empty directory")
+    if warm_steps < 0:
+        raise ValueError("warm_steps must be >= 0")
+    started = time.perf_counter()
+    with _deterministic_cpu():
+        corpus = tokenizer_corpus()
+        tokenizer = build_tokenizer(corpus)
+        torch.manual_seed(seed)
+        model = build_model(tokenizer)
+        warm_started = time.perf_counter()
+        losses = warm_up(model, tokenizer, seed=seed, steps=warm_steps)
+        warm_seconds = time.perf_counter() - warm_started
+        accuracy = measure_accuracy(model, tokenizer)
+    recipe = {
+        "schema": RECIPE_SCHEMA,
+        "seed": seed,
+        "warm_steps": warm_steps,
+        "batch_size": BATCH_SIZE,
+        "learning_rate": LEARNING_RATE,
+        "threads": WARM_THREADS,
+        "model_shape": dict(MODEL_SHAPE, vocab_size=len(tokenizer)),
+        "corpus_sha256": json_digest(corpus),
+        "final_loss": round(losses[-1], 6) if losses else None,
+        "held_out_accuracy": accuracy,
+        "torch_version": torch.__version__,
+    }
+    _publish(out_dir, model, tokenizer, recipe)
+    weights = file_manifest(out_dir, ["model.safetensors"])
+    return dict(
+        recipe,
+        path=str(out_dir),
+        weights_sha256=manifest_digest(weights),
+        warm_seconds=round(warm_seconds, 3),
+        total_seconds=round(time.perf_counter() - started, 3),
+    )
+
+
+def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with Qwen's split rule, Qwen3's special tokens and the Kiln chat template."""
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(MARKUP_TOKENS),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
+    """A randomly initialised Qwen3ForCausalLM (call torch.manual_seed first for reproducibility)."""
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
+        use_sliding_window=False,
+        attention_dropout=0.0,
+        **MODEL_SHAPE,
+    )
+    return Qwen3ForCausalLM(config).to(torch.float32)
+
+
+def encode_examples(tokenizer, examples: list[Example], flags: list[tuple[bool, bool]]) -> list[tuple[list[int], int]]:
+    """Tokenise (prompt, answer) pairs exactly as the sampler sees them: prompt ids, then answer ids.
+
+    `flags` holds (thinking, with_system) per example. Prompts are rendered through the chat
+    template once per flag combination with a placeholder question, which is exact because the
+    template copies message content verbatim.
+    """
+    placeholder = "\x00QUESTION\x00"
+    frames = {}
+    for thinking in (False, True):
+        for with_system in (False, True):
+            messages = [{"role": "system", "content": SYSTEM_PROMPT}] if with_system else []
+            messages.append({"role": "user", "content": placeholder})
+            frames[thinking, with_system] = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, enable_thinking=thinking, tokenize=False
+            )
+    prompts, answers = [], []
+    for ex, (thinking, with_system) in zip(examples, flags, strict=True):
+        prompts.append(frames[thinking, with_system].replace(placeholder, ex.question))
+        answer = f"{ex.reasoning}\n</think>\n\n{ex.answer}" if thinking else ex.answer
+        answers.append(answer + IM_END)
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"]
+    return [(p + a, len(p)) for p, a in zip(prompt_ids, answer_ids, strict=True)]
+
+
+def warm_up(model, tokenizer, *, seed: int, steps: int) -> list[float]:
+    """Supervised warm-up on the answer tokens only; returns the per-step losses."""
+    if steps == 0:
+        return []
+    tasks = TaskSampler(seed)
+    examples, flags = [], []
+    for _ in range(steps * BATCH_SIZE):
+        examples.append(tasks.sample())
+        flags.append((tasks.coin(THINKING_FRACTION), tasks.coin(SYSTEM_FRACTION)))
+    encoded = encode_examples(tokenizer, examples, flags)
+    pad_id = tokenizer.pad_token_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.98), weight_decay=0.0)
+    warmup = max(1, steps // 20)
+
+    def lr_scale(step: int) -> float:
+        # Linear warm-up, then linear decay to 10%: short runs still end on a small step size.
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.1, 1.0 - 0.9 * (step - warmup) / max(1, steps - warmup))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
+    model.train()
+    losses = []
+    for step in range(steps):
+        batch = encoded[step * BATCH_SIZE : (step + 1) * BATCH_SIZE]
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (ids, n_prompt) in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
+            attention[row, : len(ids)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(float(loss))
+    model.eval()
+    return losses
+
+
+@torch.inference_mode()
+def measure_accuracy(
+    model, tokenizer, *, count: int = EVAL_PROMPTS, temperature: float = EVAL_TEMPERATURE, seed: int = EVAL_SEED
+) -> dict:
+    """Sample one answer per held-out arithmetic prompt (thinking off) and count exact matches.
+
+    Deliberately independent of gpu_runtime.sampler: a plain full-sequence forward per step and
+    torch.multinomial under a seeded generator, so the recorded figure does not depend on the
+    code it is later used to test.
+    """
+    model.eval()
+    examples = held_out_arithmetic(count)
+    encoded = encode_examples(tokenizer, examples, [(False, False)] * count)
+    prompts = [ids[:n] for ids, n in encoded]
+    eos = tokenizer.convert_tokens_to_ids(IM_END)
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    seqs = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    generator = torch.Generator().manual_seed(seed)
+    done = torch.zeros(count, dtype=torch.bool)
+    outputs: list[list[int]] = [[] for _ in range(count)]
+    for _ in range(8):
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=seqs, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+        probs = torch.softmax(logits / temperature, dim=-1)
+        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        for row in range(count):
+            if not done[row]:
+                if int(nxt[row]) == eos:
+                    done[row] = True
+                else:
+                    outputs[row].append(int(nxt[row]))
+        seqs = torch.cat([seqs, nxt[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones(count, 1, dtype=mask.dtype)], dim=1)
+        if bool(done.all()):
+            break
+    correct = sum(
+        1
+        for ex, out, finished in zip(examples, outputs, done.tolist(), strict=True)
+        if finished and tokenizer.decode(out, skip_special_tokens=True).strip() == ex.answer
+    )
+    return {
+        "prompts": count,
+        "correct": correct,
+        "accuracy": round(correct / count, 4),
+        "temperature": temperature,
+        "sampling_seed": seed,
+        "thinking": False,
+    }
+
+
+@contextmanager
+def _deterministic_cpu():
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(WARM_THREADS)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _publish(out_dir: Path, model, tokenizer, recipe: dict) -> None:
+    """Write everything into a hidden sibling, fsync, then rename: readers never see half a model."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        model.generation_config = GenerationConfig(
+            eos_token_id=[tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)],
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / RECIPE_FILE).write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
+        for path in staging.iterdir():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+        if out_dir.exists():
+            out_dir.rmdir()  # checked empty above
+        os.rename(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,158 @@
+"""Every /v1/ failure is {"error": {"code", "message", "hint"}} with a stable code; auth rules hold."""
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from kiln_project.accounts.services import token_create, user_create
+from kiln_project.jobs.services import job_submit
+
+pytestmark = pytest.mark.django_db
+
+
+def _assert_envelope(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"code", "message", "hint"}
+    assert body["error"]["code"] == code
+    assert all(isinstance(v, str) for v in body["error"].values())
+    return body["error"]
+
+
+@pytest.fixture
+def token():
+    user_create(username="alice", password="long-enough-pw")
+    return token_create(username="alice")[1]
+
+
+@pytest.fixture
+def api(token):
+    return Client(headers={"Authorization": f"Bearer {token}"})
+
+
+def test_unauthenticated_requests_get_401(client):
+    _assert_envelope(client.get("/v1/jobs"), 401, "unauthorized")
+    _assert_envelope(Client(headers={"Authorization": "Bearer kiln_wrong"}).get("/v1/jobs"), 401, "unauthorized")
+    _assert_envelope(Client(headers={"Authorization": "Basic abc"}).get("/v1/jobs"), 401, "unauthorized")
+
+
+def test_token_is_stored_hashed(token):
+    from kiln_project.accounts.models import ApiToken
+
+    stored = ApiToken.objects.get()
+    assert token not in (stored.token_hash, stored.prefix) and stored.prefix == token[:12]
+    assert len(stored.token_hash) == 64
+
+
+def test_revoked_token_stops_working(api, token):
+    from kiln_project.accounts.services import token_revoke
+
+    assert api.get("/v1/jobs").status_code == 200
+    assert token_revoke(prefix=token[:12]) == 1
+    _assert_envelope(api.get("/v1/jobs"), 401, "unauthorized")
+
+
+def test_not_found_routes_and_jobs(api):
+    _assert_envelope(api.get("/v1/no-such-route"), 404, "not_found")
+    _assert_envelope(api.get("/v1/jobs/3f1f8c5e-0000-4000-8000-000000000000"), 404, "job_not_found")
+    _assert_envelope(api.get("/v1/jobs/not-a-uuid"), 404, "job_not_found")
+
+
+def test_wrong_method_is_405_with_allow(api):
+    error = _assert_envelope(api.put("/v1/jobs"), 405, "method_not_allowed")
+    assert "GET" in error["hint"]
+
+
+def test_validation_error_is_422(api):
+    error = _assert_envelope(api.get("/v1/jobs?limit=abc"), 422, "validation_error")
+    assert "limit" in error["message"]
+
+
+def test_bad_filter_values_are_400(api):
+    _assert_envelope(api.get("/v1/jobs?state=sleeping"), 400, "invalid_state")
+    _assert_envelope(api.get("/v1/jobs?limit=0"), 400, "invalid_limit")
+
+
+def test_body_too_large_is_413(api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    response = api.generic("POST", "/v1/jobs", data="x" * 5000, content_type="application/json")
+    error = _assert_envelope(response, 413, "request_too_large")
+    assert "1000" in error["hint"]
+
+
+def test_internal_error_is_500_envelope(api, monkeypatch):
+    from kiln_project.jobs import selectors
+
+    def explode(**kwargs):
+        raise RuntimeError("database on fire")
+
+    monkeypatch.setattr(selectors, "job_list", explode)
+    error = _assert_envelope(api.get("/v1/jobs"), 500, "internal_error")
+    assert "fire" not in error["message"]  # internals stay in the log
+
+
+def test_jobs_list_detail_and_cancel(api):
+    job = job_submit(kind="test.steps", payload={"steps": 2}, title="two steps")
+    listing = api.get("/v1/jobs").json()
+    assert [j["id"] for j in listing] == [str(job.uuid)]
+    assert listing[0]["state"] == "queued" and listing[0]["queue_position"] == 1
+    detail = api.get(f"/v1/jobs/{job.uuid}").json()
+    assert detail["payload"] == {"steps": 2}
+    assert [e["type"] for e in detail["events"]] == ["queued"]
+    cancelled = api.delete(f"/v1/jobs/{job.uuid}")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["state"] == "cancelled"
+    _assert_envelope(api.delete(f"/v1/jobs/{job.uuid}"), 409, "job_not_cancellable")
+    assert [j["state"] for j in api.get("/v1/jobs?state=cancelled").json()] == ["cancelled"]
+    assert api.get("/v1/jobs?state=queued").json() == []
+
+
+def test_cancel_needs_the_submit_permission():
+    User.objects.create_user(username="viewer", password="long-enough-pw")
+    viewer_token = token_create(username="viewer")[1]
+    job = job_submit(kind="test.steps", payload={})
+    viewer = Client(headers={"Authorization": f"Bearer {viewer_token}"})
+    assert viewer.get(f"/v1/jobs/{job.uuid}").status_code == 200
+    _assert_envelope(viewer.delete(f"/v1/jobs/{job.uuid}"), 403, "permission_denied")
+    user = User.objects.get(username="viewer")
+    user.user_permissions.add(Permission.objects.get(codename="submit_job"))
+    assert viewer.delete(f"/v1/jobs/{job.uuid}").status_code == 200
+
+
+def test_session_auth_requires_csrf_for_writes():
+    user_create(username="bob", password="long-enough-pw")
+    job = job_submit(kind="test.steps", payload={})
+    browser = Client(enforce_csrf_checks=True)
+    assert browser.login(username="bob", password="long-enough-pw")
+    assert browser.get("/v1/jobs").status_code == 200
+    _assert_envelope(browser.delete(f"/v1/jobs/{job.uuid}"), 403, "csrf_failed")
+    csrf = "k" * 32  # what the csrftoken cookie holds; the header must echo it
+    browser.cookies["csrftoken"] = csrf
+    assert browser.delete(f"/v1/jobs/{job.uuid}", headers={"X-CSRFToken": csrf}).status_code == 200
+
+
+def test_anonymous_api_only_when_enabled_and_from_loopback(client, settings):
+    from dataclasses import replace
+
+    _assert_envelope(client.get("/v1/jobs"), 401, "unauthorized")
+    settings.KILN = replace(settings.KILN, allow_anonymous_api=True)
+    assert client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1").status_code == 200
+    _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="10.1.2.3"), 401, "unauthorized")
+
+
+def test_openapi_and_offline_docs(client):
+    spec = client.get("/v1/openapi.json").json()
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/config"} <= set(spec["paths"])
+    docs = client.get("/v1/docs")
+    assert docs.status_code == 200
+    html = docs.content.decode()
+    assert "/static/ninja/swagger-ui-bundle.js" in html
+    assert "cdn" not in html.lower()
+
+
+def test_config_route(api):
+    body = api.get("/v1/config").json()
+    assert body["serving_profile"] == "stable"
+    assert "secret_key" not in body["config"]
+    assert {"name": "test.steps", "queue": "gpu", "category": "training"} in body["job_kinds"]

@@ -1,0 +1,27 @@
+"""Dependency rules: the web process never imports torch; gpu_runtime imports no Django."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_asgi_app_loads_without_torch():
+    code = (
+        "import os, sys; os.environ['DJANGO_SETTINGS_MODULE']='kiln_project.settings';"
+        "import kiln_project.asgi, kiln_project.urls;"
+        "from django.test import Client; Client().get('/v1/openapi.json');"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch','transformers','peft','gpu_runtime'));"
+        "print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_import_linter_contracts_hold():
+    lint = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 2 kept, 0 broken." in result.stdout

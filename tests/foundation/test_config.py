@@ -1,0 +1,71 @@
+"""The effective configuration: defaults, kiln.toml, KILN_* variables and their errors."""
+
+from pathlib import Path
+
+import pytest
+
+from kiln_project.config import ConfigError, load_config
+
+
+def test_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config({"KILN_HOME": str(tmp_path / "home")})
+    assert config.home == (tmp_path / "home").resolve()
+    assert (config.serving_profile, config.host, config.port) == ("stable", "127.0.0.1", 8420)
+    assert config.effective_database_url == f"sqlite:///{tmp_path / 'home' / 'kiln.sqlite3'}"
+    assert config.effective_redis_url == f"unix://{tmp_path / 'home' / 'redis' / 'redis.sock'}"
+    assert config.model_path is None
+    assert config.allow_anonymous_api is False
+
+
+def test_toml_then_environment_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kiln.toml").write_text(
+        '[model]\npath = "/models/qwen"\n[server]\nserving_profile = "maintenance"\nport = 9000\nhost = "0.0.0.0"\n'
+    )
+    config = load_config({"KILN_HOME": str(tmp_path)})
+    assert config.model_path == Path("/models/qwen")
+    assert (config.serving_profile, config.port, config.host) == ("maintenance", 9000, "0.0.0.0")
+    assert config.config_file == tmp_path / "kiln.toml"
+    config = load_config({"KILN_HOME": str(tmp_path), "KILN_SERVER_SERVING_PROFILE": "experimental",
+                          "KILN_MODEL_PATH": "/elsewhere", "KILN_PORT": "9100"})
+    assert (config.serving_profile, config.model_path, config.port) == ("experimental", Path("/elsewhere"), 9100)
+
+
+def test_tiny_model_in_home_is_the_embedded_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    assert load_config({"KILN_HOME": str(tmp_path)}).model_path == tmp_path / "models" / "tiny"
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"KILN_SERVER_SERVING_PROFILE": "turbo"}, "serving profile must be one of"),
+        ({"KILN_PORT": "eighty"}, "port must be an integer"),
+        ({"KILN_ALLOW_ANONYMOUS_API": "maybe"}, "must be true or false"),
+        ({"KILN_MAX_QUEUED_JOBS": "0"}, "at least 1"),
+        ({"KILN_CONFIG": "/nonexistent/kiln.toml"}, "not a file"),
+    ],
+)
+def test_bad_values_are_refused_with_a_clear_message(tmp_path, monkeypatch, env, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        load_config({"KILN_HOME": str(tmp_path), **env})
+
+
+def test_broken_toml_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kiln.toml").write_text("[model\npath=")
+    with pytest.raises(ConfigError, match="kiln.toml"):
+        load_config({"KILN_HOME": str(tmp_path)})
+
+
+def test_public_dict_hides_secrets_and_credentials(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config({"KILN_HOME": str(tmp_path), "KILN_SECRET_KEY": "s3cret",
+                          "DATABASE_URL": "postgres://kiln:pw@db.local/kiln"})
+    public = config.public_dict()
+    assert "secret_key" not in public
+    assert public["database_url"] == "postgres://***@db.local/kiln"
+    assert "pw" not in str(public)

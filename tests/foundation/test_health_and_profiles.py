@@ -1,0 +1,62 @@
+"""/health and serving profiles."""
+
+import pytest
+from django.test import Client
+
+from kiln_project.errors import KilnError
+from kiln_project.health import check_model_files
+
+pytestmark = pytest.mark.django_db
+
+
+def test_health_reports_broker_down_as_503(client):
+    # tests/settings.py points Redis at a socket nobody serves, so the broker check fails.
+    response = client.get("/health")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "unavailable"
+    assert body["database"]["ok"] is True
+    assert body["broker"]["ok"] is False
+    assert body["error"]["code"] == "service_unavailable"
+    assert body["serving_profile"] == "stable"
+    assert body["training_backend"]["ready"] is False
+
+
+def test_health_ok_when_broker_answers(client, monkeypatch):
+    from kiln_project import health
+
+    monkeypatch.setattr(health, "check_broker", lambda: {"ok": True, "url": "x"})
+    response = client.get("/health")
+    assert response.status_code == 200
+    assert response.json()["status"] == "degraded"  # no workers and no model yet
+
+
+def test_model_file_checks(tmp_path):
+    assert check_model_files(None)["reason"].startswith("no model configured")
+    assert "not a directory" in check_model_files(tmp_path / "missing")["reason"]
+    (tmp_path / "config.json").write_text("{}")
+    result = check_model_files(tmp_path)
+    assert result["loadable"] is False and "weights" in result["reason"] and "tokenizer" in result["reason"]
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert check_model_files(tmp_path) == {"configured": True, "loadable": True, "path": str(tmp_path), "reason": ""}
+
+
+@pytest.mark.parametrize("profile, activity, refused", [
+    ("stable", "inference", False), ("stable", "training", False),
+    ("maintenance", "inference", True), ("maintenance", "evaluation", True),
+    ("maintenance", "training", False), ("maintenance", "adapter_change", False),
+    ("experimental", "inference", False),
+])
+def test_serving_profiles(settings, profile, activity, refused):
+    from dataclasses import replace
+
+    from kiln_project.profiles import require_profile_allows
+
+    settings.KILN = replace(settings.KILN, serving_profile=profile)
+    if refused:
+        with pytest.raises(KilnError) as info:
+            require_profile_allows(activity)
+        assert (info.value.code, info.value.status) == ("inference_disabled_by_profile", 503)
+    else:
+        require_profile_allows(activity)

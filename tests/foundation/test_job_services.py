@@ -1,0 +1,116 @@
+"""The job lifecycle services: FIFO claims, caps, cancellation, finishing once, restart recovery."""
+
+import pytest
+from django.utils import timezone
+
+from kiln_project.errors import KilnError
+from kiln_project.jobs import services
+from kiln_project.jobs.models import Job, WorkerHeartbeat
+from kiln_project.jobs.runner import run_queued_jobs
+from kiln_project.jobs.worker_state import recover_queues
+
+pytestmark = pytest.mark.django_db
+
+
+def test_claims_follow_submission_order_per_queue():
+    a = services.job_submit(kind="test.steps", payload={})
+    other = services.job_submit(kind="test.control_steps", payload={})
+    b = services.job_submit(kind="test.steps", payload={})
+    assert services.job_claim_next(queue="gpu", worker_id="w1").id == a.id
+    assert services.job_claim_next(queue="gpu", worker_id="w1").id == b.id
+    assert services.job_claim_next(queue="gpu", worker_id="w1") is None
+    assert services.job_claim_next(queue="control", worker_id="w1").id == other.id
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(KilnError) as info:
+        services.job_submit(kind="nope", payload={})
+    assert info.value.code == "job_kind_unknown"
+    assert Job.objects.count() == 0
+
+
+def test_queue_cap_refuses_with_retry_after_and_writes_nothing():
+    services.job_submit(kind="test.steps", payload={}, max_queued=2)
+    services.job_submit(kind="test.steps", payload={}, max_queued=2)
+    with pytest.raises(KilnError) as info:
+        services.job_submit(kind="test.steps", payload={}, max_queued=2)
+    assert (info.value.code, info.value.status, info.value.headers) == ("job_queue_full", 503, {"Retry-After": "30"})
+    assert Job.objects.count() == 2
+    # Another queue has its own cap.
+    services.job_submit(kind="test.control_steps", payload={}, max_queued=2)
+
+
+def test_a_job_finishes_only_once():
+    job = services.job_submit(kind="test.steps", payload={})
+    job = services.job_claim_next(queue="gpu", worker_id="w1")
+    assert services.job_complete(job=job, result={"ok": 1}) is True
+    assert services.job_fail(job=job, code="late", message="too late") is False
+    job.refresh_from_db()
+    assert (job.state, job.result, job.error_code) == ("completed", {"ok": 1}, "")
+
+
+def test_cancel_queued_then_running_then_terminal():
+    queued = services.job_submit(kind="test.steps", payload={})
+    assert services.job_cancel(job=queued).state == "cancelled"
+    assert services.job_claim_next(queue="gpu", worker_id="w1") is None  # a cancelled job never starts
+    running = services.job_submit(kind="test.steps", payload={})
+    running = services.job_claim_next(queue="gpu", worker_id="w1")
+    after = services.job_cancel(job=running)
+    assert (after.state, after.cancel_requested) == ("running", True)
+    assert services.job_mark_cancelled(job=running) is True
+    with pytest.raises(KilnError) as info:
+        services.job_cancel(job=running)
+    assert (info.value.code, info.value.status) == ("job_not_cancellable", 409)
+
+
+def test_runner_completes_fails_and_cancels(tmp_path, monkeypatch):
+    ok = services.job_submit(kind="test.steps", payload={"steps": 4})
+    run_queued_jobs("gpu")
+    ok.refresh_from_db()
+    assert (ok.state, ok.progress, ok.result) == ("completed", 1.0, {"steps_done": 4})
+    assert [e.type for e in ok.events.all()].count("progress") == 4
+
+    bad = services.job_submit(kind="test.fail", payload={"message": "nope"})
+    run_queued_jobs("control")
+    bad.refresh_from_db()
+    assert (bad.state, bad.error_code, bad.error_message) == ("failed", "test_failure", "nope")
+
+    stopped = services.job_submit(kind="test.steps", payload={"steps": 4})
+    Job.objects.filter(id=stopped.id).update(cancel_requested=True)  # as if cancelled just after it started
+    run_queued_jobs("gpu")
+    stopped.refresh_from_db()
+    assert (stopped.state, stopped.progress, stopped.error_code) == ("cancelled", 0.0, "job_cancelled")
+
+
+def _heartbeat(worker_id: str, *, pid: int, seconds_ago: float = 0, stopped: bool = False, host=None):
+    import socket
+
+    now = timezone.now() - timezone.timedelta(seconds=seconds_ago)
+    WorkerHeartbeat.objects.create(worker_id=worker_id, hostname=host or socket.gethostname(), pid=pid,
+                                   queues=["gpu"], started_at=now, last_seen=now, stopped=stopped)
+
+
+def test_recovery_fails_jobs_of_dead_workers_only():
+    import os
+
+    jobs = [services.job_submit(kind="test.steps", payload={}) for _ in range(4)]
+    for job, worker in zip(jobs[:3], ["alive", "stale", "gone"], strict=True):
+        Job.objects.filter(id=job.id).update(state="running", worker_id=worker)
+    _heartbeat("alive", pid=os.getpid())
+    _heartbeat("stale", pid=os.getpid(), seconds_ago=120)
+    # "gone" has no heartbeat row at all.
+    queued = recover_queues(["gpu"])
+    states = {j.id: Job.objects.get(id=j.id) for j in jobs}
+    assert states[jobs[0].id].state == "running"
+    assert (states[jobs[1].id].state, states[jobs[1].id].error_code) == ("failed", "job_interrupted")
+    assert (states[jobs[2].id].state, states[jobs[2].id].error_code) == ("failed", "job_interrupted")
+    assert queued == [jobs[3].id]
+
+
+def test_recovery_detects_a_dead_pid_on_this_host_at_once():
+    job = services.job_submit(kind="test.steps", payload={})
+    Job.objects.filter(id=job.id).update(state="running", worker_id="dead-pid")
+    _heartbeat("dead-pid", pid=2**22 + 12345)  # fresh heartbeat, but no such process
+    recover_queues(["gpu"])
+    job.refresh_from_db()
+    assert job.error_code == "job_interrupted"
