@@ -25,13 +25,16 @@ def group_advantages(rewards: Sequence[float], mode: str = "dr_grpo") -> list[fl
     """A_i for one group, constant across the completion's tokens.
 
     dr_grpo (default): A_i = r_i - mean(r).  vanilla: A_i = (r_i - mean(r)) / (std(r) + 1e-8),
-    with the population std. A group of one has no relative signal: its advantage is 0.
+    with the population std. A group with all-equal rewards (or of one) has no relative signal:
+    its advantages are exactly 0.
     """
     if mode not in ("dr_grpo", "vanilla"):
         raise ValueError(f"unknown advantage_mode {mode!r}")
     if any(not math.isfinite(r) for r in rewards):
         raise ValueError("rewards must be finite")
-    if len(rewards) <= 1:
+    if is_degenerate_group(rewards):
+        # Exactly zero: the float mean of equal values can miss them by an ulp, which vanilla's
+        # 1e-8 denominator would blow up into a spurious advantage.
         return [0.0] * len(rewards)
     mean = math.fsum(rewards) / len(rewards)
     centred = [r - mean for r in rewards]
@@ -53,7 +56,8 @@ class GroupDecision:
     index: int
     reward_variance: float
     kept: bool
-    reject_reason: str | None = None  # variance_below_min | variance_above_max | below_min_groups | degenerate
+    # variance_below_min | variance_above_max | below_min_groups | degenerate
+    reject_reason: str | None = None
 
 
 @dataclass(frozen=True)

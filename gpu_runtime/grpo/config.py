@@ -88,7 +88,7 @@ class GrpoConfig:
     auto_load: bool = True
     checkpoint_interval: int | None = None
     resume_checkpoint: str | None = None
-    seed: int | None = None
+    seed: int | None = None  # from_dict also takes a decimal string; to_dict writes one
     grad_checkpoint_segments: int | None = None
     detect_anomaly: bool = False
     adapter_smoke_test: bool = False
@@ -134,7 +134,11 @@ class GrpoConfig:
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         for name in ("optimizer", "kl_reference_policy", "loss"):
-            expected = {"optimizer": OptimizerConfig, "kl_reference_policy": KlReferencePolicy, "loss": LossConfig}
+            expected = {
+                "optimizer": OptimizerConfig,
+                "kl_reference_policy": KlReferencePolicy,
+                "loss": LossConfig,
+            }
             if not isinstance(getattr(self, name), expected[name]):
                 raise GrpoConfigError(name, f"must be a {expected[name].__name__}")
 
@@ -144,7 +148,12 @@ class GrpoConfig:
                 raise GrpoConfigError("learning_rate", f"must be > 0, got {self.learning_rate}")
         check_choice("behavior_policy", self.behavior_policy, BEHAVIOR_POLICIES)
         check_choice("is_level", self.is_level, IS_LEVELS)
-        set_("clip_epsilon", check_range("clip_epsilon", check_number("clip_epsilon", self.clip_epsilon), 0.0, 1.0, hi_open=True))
+        set_(
+            "clip_epsilon",
+            check_range(
+                "clip_epsilon", check_number("clip_epsilon", self.clip_epsilon), 0.0, 1.0, hi_open=True
+            ),
+        )
         set_("clip_eps_high", check_optional_number("clip_eps_high", self.clip_eps_high))
         if self.clip_eps_high is not None and self.clip_eps_high < 0:
             raise GrpoConfigError("clip_eps_high", f"must be >= 0, got {self.clip_eps_high}")
@@ -163,24 +172,47 @@ class GrpoConfig:
                 "kl_reference_policy",
                 "kind none is allowed only when KL is disabled (kl_estimator none or kl_coeff 0)",
             )
-        set_("entropy_aware_kl_quantile", check_optional_number("entropy_aware_kl_quantile", self.entropy_aware_kl_quantile))
+        set_(
+            "entropy_aware_kl_quantile",
+            check_optional_number("entropy_aware_kl_quantile", self.entropy_aware_kl_quantile),
+        )
         if self.entropy_aware_kl_quantile is not None:
             check_range("entropy_aware_kl_quantile", self.entropy_aware_kl_quantile, 0.0, 1.0)
             if not self.kl_penalty_enabled:
-                raise GrpoConfigError("entropy_aware_kl_quantile", "requires KL to be enabled (kl_coeff > 0, kl_estimator k1 or k3)")
-        for name in ("shared_prefix_reference", "dynamic_sampling", "allow_high_lora_scale", "allow_adapter_shape_conversion", "auto_load", "detect_anomaly", "adapter_smoke_test"):
+                raise GrpoConfigError(
+                    "entropy_aware_kl_quantile",
+                    "requires KL to be enabled (kl_coeff > 0, kl_estimator k1 or k3)",
+                )
+        for name in (
+            "shared_prefix_reference",
+            "dynamic_sampling",
+            "allow_high_lora_scale",
+            "allow_adapter_shape_conversion",
+            "auto_load",
+            "detect_anomaly",
+            "adapter_smoke_test",
+        ):
             check_bool(name, getattr(self, name))
 
         for name in ("reward_filter_var_min", "reward_filter_var_max"):
             set_(name, check_optional_number(name, getattr(self, name)))
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise GrpoConfigError(name, f"must be >= 0 (it bounds a variance), got {getattr(self, name)}")
-        if None not in (self.reward_filter_var_min, self.reward_filter_var_max) and self.reward_filter_var_min > self.reward_filter_var_max:
+        if (
+            None not in (self.reward_filter_var_min, self.reward_filter_var_max)
+            and self.reward_filter_var_min > self.reward_filter_var_max
+        ):
             raise GrpoConfigError("reward_filter_var_min", "must be <= reward_filter_var_max")
         check_int("reward_filter_min_groups", self.reward_filter_min_groups, minimum=1)
         check_choice("reward_filter_on_empty", self.reward_filter_on_empty, REWARD_FILTER_ON_EMPTY)
-        set_("reward_saturation_threshold", check_number("reward_saturation_threshold", self.reward_saturation_threshold))
-        set_("reward_low_variance_threshold", check_number("reward_low_variance_threshold", self.reward_low_variance_threshold))
+        set_(
+            "reward_saturation_threshold",
+            check_number("reward_saturation_threshold", self.reward_saturation_threshold),
+        )
+        set_(
+            "reward_low_variance_threshold",
+            check_number("reward_low_variance_threshold", self.reward_low_variance_threshold),
+        )
         if self.reward_low_variance_threshold < 0:
             raise GrpoConfigError("reward_low_variance_threshold", "must be >= 0")
 
@@ -201,6 +233,10 @@ class GrpoConfig:
             check_int("checkpoint_interval", self.checkpoint_interval, minimum=1)
         self._check_resume_checkpoint()
         if self.seed is not None:
+            # u64 seeds travel as decimal strings (JSON/RFC 8785 numbers stop at 2**53); an
+            # integer is accepted too. Either way the config holds an int.
+            if isinstance(self.seed, str) and self.seed.isascii() and self.seed.isdigit():
+                set_("seed", int(self.seed))
             check_int("seed", self.seed, minimum=0, maximum=MAX_SEED)
         if self.grad_checkpoint_segments is not None:
             check_int("grad_checkpoint_segments", self.grad_checkpoint_segments, minimum=1)
@@ -231,6 +267,12 @@ class GrpoConfig:
     def kl_penalty_enabled(self) -> bool:
         """KL needs reference log-probs only when it can contribute to the loss."""
         return self.kl_coeff != 0 and self.kl_estimator != "none"
+
+    @property
+    def kl_term_active(self) -> bool:
+        """Whether the KL term reaches the loss (no_policy_loss drops it with the surrogate), i.e.
+        whether the trainer must run the reference forward."""
+        return self.kl_penalty_enabled and not self.loss.no_policy_loss
 
     @property
     def clip_bounds(self) -> tuple[float, float]:
@@ -278,6 +320,8 @@ class GrpoConfig:
                 value = value.to_dict()
             elif isinstance(value, tuple):
                 value = list(value)
+            elif f.name == "seed" and value is not None:
+                value = str(value)  # decimal u64 string, like the API's effective_seed
             out[f.name] = value
         return out
 

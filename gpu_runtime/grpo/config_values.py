@@ -129,12 +129,24 @@ class OptimizerConfig:
             elif getattr(self, key) is None:
                 object.__setattr__(self, key, defaults[key])
         if self.kind == "muon":
-            check_range("optimizer.momentum", check_number("optimizer.momentum", self.momentum), 0.0, 1.0, hi_open=True)
+            check_range(
+                "optimizer.momentum",
+                check_number("optimizer.momentum", self.momentum),
+                0.0,
+                1.0,
+                hi_open=True,
+            )
             check_bool("optimizer.nesterov", self.nesterov)
             check_int("optimizer.ns_iters", self.ns_iters, minimum=1, maximum=20)
         if self.kind == "adam_w":
             for name in ("beta1", "beta2"):
-                check_range(f"optimizer.{name}", check_number(f"optimizer.{name}", getattr(self, name)), 0.0, 1.0, hi_open=True)
+                check_range(
+                    f"optimizer.{name}",
+                    check_number(f"optimizer.{name}", getattr(self, name)),
+                    0.0,
+                    1.0,
+                    hi_open=True,
+                )
             if check_number("optimizer.eps", self.eps) <= 0:
                 raise GrpoConfigError("optimizer.eps", f"must be > 0, got {self.eps}")
         if self.kind in ("muon", "adam_w") and check_number("optimizer.weight_decay", self.weight_decay) < 0:

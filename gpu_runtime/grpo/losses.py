@@ -156,6 +156,25 @@ def echo_terms(policy: Tensor, env_mask: Tensor, observation_lengths: Tensor, la
     return terms, ce_sum, contributing
 
 
+def _on_policy_device(batch: GrpoBatch) -> GrpoBatch:
+    """Every tensor on the policy's device, masks as bool (callers may build masks on the CPU)."""
+    device = batch.policy_logprobs.device
+
+    def move(tensor: Tensor | None) -> Tensor | None:
+        return None if tensor is None else tensor.to(device)
+
+    env_mask = move(batch.env_mask)
+    return GrpoBatch(
+        policy_logprobs=batch.policy_logprobs,
+        action_mask=move(batch.action_mask).bool(),
+        advantages=move(batch.advantages),
+        behavior_logprobs=move(batch.behavior_logprobs),
+        reference_logprobs=move(batch.reference_logprobs),
+        env_mask=None if env_mask is None else env_mask.bool(),
+        observation_lengths=move(batch.observation_lengths),
+    )
+
+
 def _check_batch(batch: GrpoBatch, config) -> None:
     shape = batch.policy_logprobs.shape
     if batch.policy_logprobs.dim() != 2:
@@ -176,7 +195,7 @@ def _check_batch(batch: GrpoBatch, config) -> None:
             raise ValueError("behavior_policy=recorded needs behavior_logprobs")
         if not torch.isfinite(batch.behavior_logprobs[mask]).all():
             raise ValueError("behavior_logprobs must be finite at every action token")
-    if config.kl_penalty_enabled and batch.reference_logprobs is None:
+    if config.kl_term_active and batch.reference_logprobs is None:
         raise ValueError("KL is enabled, so reference_logprobs is required")
     if batch.reference_logprobs is not None and not torch.isfinite(batch.reference_logprobs[mask]).all():
         raise ValueError("reference_logprobs must be finite at every action token")
@@ -195,6 +214,7 @@ def grpo_loss(batch: GrpoBatch, config) -> tuple[Tensor, dict]:
     and under per_sample the loss is the mean over completions with a term (B=1 in training).
     `no_policy_loss` drops the surrogate and the KL term; ECHO alone remains.
     """
+    batch = _on_policy_device(batch)
     _check_batch(batch, config)
     policy = batch.policy_logprobs
     if policy.dtype not in (torch.float32, torch.float64):
@@ -234,7 +254,9 @@ def grpo_loss(batch: GrpoBatch, config) -> tuple[Tensor, dict]:
     kl_tokens = torch.zeros_like(policy)
     if reference is not None:
         kl = kl_estimate(policy, reference, config.kl_estimator)
-        kl_mask = entropy_kl_mask(policy, mask, config.entropy_aware_kl_quantile if config.kl_penalty_enabled else None)
+        kl_mask = entropy_kl_mask(
+            policy, mask, config.entropy_aware_kl_quantile if config.kl_penalty_enabled else None
+        )
         stats.update(_kl_stats(policy, reference, kl, mask, kl_mask))
         if config.kl_penalty_enabled:
             kl_tokens = _only(config.kl_coeff * kl, kl_mask)
@@ -253,9 +275,10 @@ def grpo_loss(batch: GrpoBatch, config) -> tuple[Tensor, dict]:
     env_tokens = 0 if env_mask is None else int(env_mask.sum())
     stats.update(env_tokens=env_tokens, echo_contributed=False, echo_env_ce=None, observation_tokens=0)
     if env_mask is not None and config.loss.echo_enabled and env_tokens:
-        echo_part, ce_sum, contributing = echo_terms(policy, env_mask, batch.observation_lengths, config.loss.echo_lambda)
+        lengths = batch.observation_lengths
+        echo_part, ce_sum, contributing = echo_terms(policy, env_mask, lengths, config.loss.echo_lambda)
         participating = participating | contributing
-        obs = batch.observation_lengths[contributing].sum().item()
+        obs = lengths[contributing].sum().item()
         stats.update(
             echo_contributed=bool(contributing.any()),
             observation_tokens=int(obs),
@@ -304,9 +327,14 @@ def _kl_stats(policy, reference, kl, mask: Tensor, kl_mask: Tensor) -> dict:
     matches the loss contribution before kl_coeff)."""
     if reference is None:
         return {
-            "kl_token_observations": 0, "kl_entropy_mask_applied_tokens": 0, "kl_log_ratio_sum": 0.0,
-            "kl_estimator_sum": 0.0, "kl_masked_estimator_sum": 0.0, "kl_mean_log_ratio": None,
-            "kl_mean_estimator": None, "kl_mean_masked_estimator": None,
+            "kl_token_observations": 0,
+            "kl_entropy_mask_applied_tokens": 0,
+            "kl_log_ratio_sum": 0.0,
+            "kl_estimator_sum": 0.0,
+            "kl_masked_estimator_sum": 0.0,
+            "kl_mean_log_ratio": None,
+            "kl_mean_estimator": None,
+            "kl_mean_masked_estimator": None,
         }
     n = int(mask.sum())
     log_ratio = (policy.detach() - reference.to(policy.dtype)).double()[mask]

@@ -17,7 +17,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["common_prefix_length", "full_reference_logprobs", "shared_prefix_reference_logprobs", "token_logprobs"]
+__all__ = [
+    "common_prefix_length",
+    "full_reference_logprobs",
+    "shared_prefix_reference_logprobs",
+    "token_logprobs",
+]
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:

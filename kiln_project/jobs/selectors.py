@@ -42,9 +42,14 @@ def job_events(*, job: Job, limit: int = 200):
     return list(job.events.order_by("-id")[:limit])[::-1]
 
 
-def workers_alive(*, stale_after_seconds: int = 30) -> list[WorkerHeartbeat]:
-    cutoff = timezone.now() - timezone.timedelta(seconds=stale_after_seconds)
-    return list(WorkerHeartbeat.objects.filter(stopped=False, last_seen__gte=cutoff).order_by("worker_id"))
+def workers_alive() -> list[WorkerHeartbeat]:
+    """Workers with a recent heartbeat whose process still exists (checked for this host's workers)."""
+    from kiln_project.jobs.liveness import STALE_AFTER_SECONDS, worker_is_dead
+
+    now = timezone.now()
+    cutoff = now - timezone.timedelta(seconds=STALE_AFTER_SECONDS)
+    rows = WorkerHeartbeat.objects.filter(stopped=False, last_seen__gte=cutoff).order_by("worker_id")
+    return [row for row in rows if not worker_is_dead(row, now)]
 
 
 def job_counts() -> dict[str, int]:

@@ -11,11 +11,11 @@ import uuid
 from django.db import close_old_connections
 from django.utils import timezone
 
+from kiln_project.jobs.liveness import worker_is_dead
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5
-# A worker silent for this long is dead, whatever its row says (another host, a frozen process).
-STALE_AFTER_SECONDS = 30
 
 _worker_id: str | None = None
 _worker_queues: list[str] = []
@@ -33,30 +33,6 @@ def current_worker_id() -> str:
 def set_worker_status(**status) -> None:
     """Extra facts a worker publishes in its heartbeat (e.g. whether the model loaded, and why not)."""
     _worker_status.update(status)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A killed process whose parent died too can linger as a zombie until init reaps it.
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def worker_is_dead(heartbeat, now=None) -> bool:
-    if heartbeat is None or heartbeat.stopped:
-        return True
-    now = now or timezone.now()
-    if (now - heartbeat.last_seen).total_seconds() > STALE_AFTER_SECONDS:
-        return True
-    return heartbeat.hostname == socket.gethostname() and not _pid_alive(heartbeat.pid)
 
 
 def beat() -> None:

@@ -1,3 +1,10 @@
-"""WebSocket routes for live dashboard pages."""
+"""WebSocket routes for live dashboard pages (kiln_project/asgi.py mounts them behind session auth)."""
 
-websocket_urlpatterns = []
+from django.urls import path
+
+from kiln_project.ui.consumers import JobDetailConsumer, JobListConsumer
+
+websocket_urlpatterns = [
+    path("ws/ui/jobs/", JobListConsumer.as_asgi(), name="ws_jobs"),
+    path("ws/ui/jobs/<uuid:job_id>/", JobDetailConsumer.as_asgi(), name="ws_job"),
+]

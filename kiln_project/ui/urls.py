@@ -1,8 +1,23 @@
+"""URL map of the dashboard under /ui/ (namespace "ui"); every page requires a logged-in user."""
+
+from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.generic import RedirectView
 
 from kiln_project.ui import views
 
 app_name = "ui"
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("training/", RedirectView.as_view(pattern_name="ui:training_grpo", permanent=False), name="training"),
+    path("training/grpo/", views.training_grpo, name="training_grpo"),
+    path("training/openenv/", views.training_openenv, name="training_openenv"),
+    path("adapters/", views.adapters, name="adapters"),
+    path("evaluations/", views.evaluations, name="evaluations"),
+    path("promotions/", views.promotions, name="promotions"),
+    path("jobs/", views.jobs, name="jobs"),
+    path("jobs/<uuid:job_id>/", views.job_detail, name="job_detail"),
+    path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job_cancel"),
 ]

@@ -1,9 +1,104 @@
-"""Dashboard pages. Views only read (selectors) and call services; no domain decisions here."""
+"""Dashboard pages. Views read through selectors and write through services; no domain decisions.
 
+Every page is plain server-rendered HTML that reads fine without JavaScript; live updates are an
+htmx layer on top (see consumers.py). Web-facing: never imports torch or gpu_runtime.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from kiln_project.errors import KilnError
+from kiln_project.health import health_report
+from kiln_project.jobs import selectors, services
+from kiln_project.jobs.models import JobState
+from kiln_project.ui import fragments
+
+RECENT_JOBS = 10
 
 
 @login_required
 def overview(request):
-    return HttpResponse("Kiln")
+    _, health = health_report()
+    counts = selectors.job_counts()
+    context = {
+        "counts": [(state, counts.get(state, 0)) for state in JobState.values],
+        "total_jobs": sum(counts.values()),
+        "health": health,
+        **fragments.table_context(fragments.jobs_for_table(limit=RECENT_JOBS), limit=RECENT_JOBS),
+    }
+    return render(request, "ui/overview.html", context)
+
+
+@login_required
+def jobs(request):
+    context = fragments.table_context(fragments.jobs_for_table())
+    return render(request, "ui/jobs/list.html", context)
+
+
+def _category_page(request, *, category: str, template: str):
+    jobs = fragments.jobs_for_table(category=category)
+    return render(request, template, fragments.table_context(jobs, category=category))
+
+
+@login_required
+def training_grpo(request):
+    return _category_page(request, category="training", template="ui/training_grpo.html")
+
+
+@login_required
+def training_openenv(request):
+    return _category_page(request, category="openenv", template="ui/training_openenv.html")
+
+
+@login_required
+def evaluations(request):
+    return _category_page(request, category="evaluation", template="ui/evaluations.html")
+
+
+@login_required
+def adapters(request):
+    return render(request, "ui/adapters.html")
+
+
+@login_required
+def promotions(request):
+    return render(request, "ui/promotions.html")
+
+
+def _job_or_404(job_id):
+    job = selectors.job_get(job_id=str(job_id))
+    if job is None:
+        raise Http404("no such job")
+    return job
+
+
+@login_required
+def job_detail(request, job_id):
+    job = _job_or_404(job_id)
+    return render(request, "ui/jobs/detail.html", fragments.job_detail_context(job))
+
+
+@login_required
+@require_POST
+def job_cancel(request, job_id):
+    job = _job_or_404(job_id)
+    if not request.user.has_perm("jobs.submit_job"):
+        context = {**fragments.job_detail_context(job),
+                   "forbidden": "You lack the submit_job permission, so you cannot cancel jobs. "
+                                "An administrator can grant it in /admin/ (Users → permissions)."}
+        return render(request, "ui/jobs/detail.html", context, status=403)
+    try:
+        job = services.job_cancel(job=job, user=request.user)
+    except KilnError as exc:
+        messages.error(request, exc.message + (f" ({exc.hint})" if exc.hint else ""))
+    else:
+        if job.state == JobState.CANCELLED:
+            messages.success(request, "The job was cancelled before it started.")
+        else:
+            messages.info(request, "Cancellation requested: the job stops at its next safe point.")
+    return redirect("ui:job_detail", job_id=job.uuid)

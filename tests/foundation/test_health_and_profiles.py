@@ -1,7 +1,6 @@
 """/health and serving profiles."""
 
 import pytest
-from django.test import Client
 
 from kiln_project.errors import KilnError
 from kiln_project.health import check_model_files

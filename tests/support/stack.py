@@ -130,11 +130,16 @@ class Stack:
             return False
 
     def start_worker(self, name: str, queues: str, threads: int = 2) -> subprocess.Popen:
+        """Start `kiln worker` and wait for the new process's own heartbeat (not an older worker's)."""
+        known = {w["id"] for w in self.health()["workers"]["workers"]} if "web" in self.procs else set()
         proc = self.spawn(name, [sys.executable, "-m", "kiln_project.cli.main", "worker", "--queues", queues,
                                  "--threads", str(threads)])
         wanted = set(queues.split(","))
-        wait_until(lambda: wanted <= set(self.health()["workers"]["queues_served"]), 60,
-                   what=f"worker {name} heartbeat")
+
+        def booted():
+            return any(w["id"] not in known and wanted <= set(w["queues"]) for w in self.health()["workers"]["workers"])
+
+        wait_until(booted, 90, what=f"worker {name} heartbeat")
         return proc
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:

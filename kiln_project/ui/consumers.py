@@ -1,0 +1,99 @@
+"""Live dashboard updates over WebSockets, swapped in by htmx's ws extension.
+
+Each consumer refuses anonymous users, joins its channel-layer group, then sends a database
+snapshot; on every {"type": "job.changed"} message it re-reads the job from the database and sends
+the re-rendered markup with hx-swap-oob. Messages carry only ids, so a lost message delays one
+update and the next snapshot (any reconnect) catches up.
+Web-facing: never imports torch, transformers, peft or gpu_runtime (import-linter enforces it).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs
+
+from asgiref.sync import async_to_sync
+from channels.generic.websocket import WebsocketConsumer
+
+from kiln_project.jobs import selectors
+from kiln_project.jobs.broadcast import JOBS_GROUP, job_group
+from kiln_project.ui import fragments
+
+MAX_LIMIT = 500
+
+
+class _AuthenticatedConsumer(WebsocketConsumer):
+    """Refuses the handshake (HTTP 403) unless the session belongs to a logged-in user."""
+
+    groups_to_join: list[str]
+
+    def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated or not self.prepare():
+            self.close()
+            return
+        for group in self.groups_to_join:
+            async_to_sync(self.channel_layer.group_add)(group, self.channel_name)
+        self.accept()
+        self.send_snapshot()
+
+    def disconnect(self, code):
+        for group in getattr(self, "groups_to_join", []):
+            async_to_sync(self.channel_layer.group_discard)(group, self.channel_name)
+
+    def receive(self, text_data=None, bytes_data=None):
+        """These sockets only push; anything the browser sends is ignored."""
+
+    def prepare(self) -> bool:
+        raise NotImplementedError
+
+    def send_snapshot(self) -> None:
+        raise NotImplementedError
+
+
+class JobListConsumer(_AuthenticatedConsumer):
+    """/ws/ui/jobs/[?category=training&limit=10]: rows of a jobs table, new jobs prepended."""
+
+    def prepare(self) -> bool:
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        self.category = (query.get("category") or [""])[0] or None
+        try:
+            self.limit = max(1, min(MAX_LIMIT, int((query.get("limit") or [fragments.DEFAULT_LIMIT])[0])))
+        except ValueError:
+            self.limit = fragments.DEFAULT_LIMIT
+        self.shown: set[str] = set()
+        self.groups_to_join = [JOBS_GROUP]
+        return True
+
+    def send_snapshot(self) -> None:
+        jobs = fragments.jobs_for_table(category=self.category, limit=self.limit)
+        self.shown = {str(job.uuid) for job in jobs}
+        self.send(text_data=fragments.render_jobs_body(jobs, category=self.category))
+
+    def job_changed(self, message):
+        job = selectors.job_get(job_id=message["job_id"])
+        if job is None or not fragments.job_in_category(job, self.category):
+            return
+        key = str(job.uuid)
+        new = key not in self.shown
+        self.shown.add(key)
+        self.send(text_data=fragments.render_job_row(job, new=new))
+
+
+class JobDetailConsumer(_AuthenticatedConsumer):
+    """/ws/ui/jobs/<uuid>/: the live part of one job's page."""
+
+    def prepare(self) -> bool:
+        self.job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
+        if selectors.job_get(job_id=self.job_id) is None:
+            return False
+        self.groups_to_join = [job_group(self.job_id)]
+        return True
+
+    def send_snapshot(self) -> None:
+        job = selectors.job_get(job_id=self.job_id)
+        if job is not None:
+            self.send(text_data=fragments.render_job_update(job))
+
+    def job_changed(self, message):
+        if message.get("job_id") == self.job_id:
+            self.send_snapshot()

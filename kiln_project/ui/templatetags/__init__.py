@@ -1,0 +1,1 @@
+"""Template filters for the dashboard templates."""

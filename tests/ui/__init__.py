@@ -1,0 +1,1 @@
+"""Tests of the /ui/ dashboard: pages, live consumers and a real browser."""
