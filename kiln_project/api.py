@@ -80,11 +80,13 @@ def _internal(request, exc):
 
 
 def _register_routers() -> None:
+    from kiln_project.inference.api import router as inference_router
     from kiln_project.jobs.api import router as jobs_router
     from kiln_project.system_api import router as system_router
 
     api.add_router("/", system_router)
     api.add_router("/jobs", jobs_router)
+    api.add_router("/", inference_router)
 
 
 _register_routers()

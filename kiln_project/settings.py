@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "django_dramatiq",
     "kiln_project.accounts",
     "kiln_project.jobs",
+    "kiln_project.inference",
     "kiln_project.ui",
 ]
 

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from kiln_project.cli import accounts_cmd, jobs_cmd, serve, worker
+from kiln_project.cli import accounts_cmd, jobs_cmd, model_cmd, serve, worker
 from kiln_project.cli.client import CliError, default_url
 
 
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     worker.add_parser(sub)
     accounts_cmd.add_parser(sub)
+    model_cmd.add_parser(sub)
     jobs_cmd.add_parser(sub, common)
     return parser
 

@@ -1,0 +1,91 @@
+"""/v1/chat/completions and /v1/models: OpenAI-compatible routes served by the GPU worker.
+
+Web-facing: validates, checks that a worker can serve, enqueues on `infer` and relays the
+worker's events (JSON or server-sent events). Imports no torch or gpu_runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from asgiref.sync import sync_to_async
+from django.http import StreamingHttpResponse
+from ninja import Router
+
+from kiln_project.errors import KilnError
+from kiln_project.inference import selectors
+from kiln_project.inference.schemas import MAX_N, MAX_TOKENS_CAP, ChatCompletionRequest
+from kiln_project.inference.transport import read_events
+from kiln_project.profiles import require_profile_allows
+
+router = Router(tags=["inference"])
+
+FIRST_EVENT_TIMEOUT = 300.0  # a busy GPU worker may finish a training group first
+IDLE_TIMEOUT = 120.0
+
+
+def _check_caps(body: ChatCompletionRequest) -> None:
+    if body.n > MAX_N:
+        raise KilnError("n_too_large", f"n is {body.n}; at most {MAX_N} choices per request", status=400,
+                        hint="send several requests instead")
+    if (body.effective_max_tokens or 0) > MAX_TOKENS_CAP:
+        raise KilnError("max_tokens_too_large", f"max_tokens is {body.effective_max_tokens}; the cap is "
+                        f"{MAX_TOKENS_CAP}", status=400)
+
+
+def _error_from_event(event: dict) -> KilnError:
+    return KilnError(event.get("code", "inference_failed"), event.get("message", "inference failed"),
+                     hint=event.get("hint", ""), status=int(event.get("status", 500)))
+
+
+async def _start(body: ChatCompletionRequest) -> str:
+    require_profile_allows("inference")
+    _check_caps(body)
+    await sync_to_async(selectors.require_inference_ready)()
+    request_id = uuid.uuid4().hex
+    from kiln_project.inference.tasks import run_chat_completion
+
+    await sync_to_async(run_chat_completion.send)(request_id, body.model_dump(mode="json"))
+    return request_id
+
+
+@router.post("/chat/completions", summary="OpenAI-compatible chat completion (optionally streamed)")
+async def chat_completions(request, body: ChatCompletionRequest):
+    request_id = await _start(body)
+    events = read_events(request_id, first_event_timeout=FIRST_EVENT_TIMEOUT, idle_timeout=IDLE_TIMEOUT)
+    if body.stream:
+        return StreamingHttpResponse(_sse(events), content_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        async for event in events:
+            if event["type"] == "done":
+                return event["response"]
+            if event["type"] == "error":
+                raise _error_from_event(event)
+    except TimeoutError as exc:
+        raise KilnError("inference_timeout", str(exc), status=504,
+                        hint="the GPU worker may be busy or stopped; see /health") from None
+    raise KilnError("inference_failed", "the worker ended without an answer", status=500)
+
+
+async def _sse(events):
+    """Relay worker events as OpenAI chunk events; an error mid-stream becomes an error event."""
+    try:
+        async for event in events:
+            if event["type"] == "delta":
+                yield f"data: {json.dumps(event['chunk'])}\n\n"
+            elif event["type"] == "done":
+                for chunk in event.get("final_chunks", []):
+                    yield f"data: {json.dumps(chunk)}\n\n"
+            elif event["type"] == "error":
+                yield f"data: {json.dumps(_error_from_event(event).envelope())}\n\n"
+    except TimeoutError as exc:
+        envelope = KilnError("inference_timeout", str(exc), status=504).envelope()
+        yield f"data: {json.dumps(envelope)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+@router.get("/models", summary="Models and adapters this server can sample from")
+def list_models(request):
+    return {"object": "list", "data": selectors.served_models()}

@@ -1,0 +1,110 @@
+"""The /v1/chat/completions request as Kiln accepts it: OpenAI fields plus Kiln's own.
+
+Fields the command owns or Kiln does not support are refused with a clear message instead of being
+silently ignored (tools, response_format, logit_bias). Unknown extra fields are ignored, as OpenAI
+clients send some of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_N = 16
+MAX_TOKENS_CAP = 4096
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _flatten_parts(cls, value):
+        """OpenAI content parts are flattened to their text, as the chat template needs one string."""
+        if isinstance(value, list):
+            texts = []
+            for part in value:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError("only text content parts are supported")
+                texts.append(part["text"])
+            return "".join(texts)
+        return value
+
+
+class ChatTemplateKwargs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enable_thinking: bool = True
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = "kiln"
+    messages: list[ChatMessage] = Field(min_length=1)
+    n: int = Field(1, ge=1)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    adapter: str | None = None
+    chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
+    thinking_budget_tokens: int | None = Field(None, ge=1)
+    rollout_provenance: bool = False
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value):
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > 8 or any(not s for s in stops):
+            raise ValueError("stop takes at most 8 non-empty strings")
+        return stops
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.tools:
+            raise ValueError("tools are not supported by Kiln's sampler")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError("response_format other than text is not supported")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.thinking_budget_tokens is not None and not self.chat_template_kwargs.enable_thinking:
+            raise ValueError("thinking_budget_tokens needs chat_template_kwargs.enable_thinking = true")
+        if self.messages[-1].role == "assistant":
+            raise ValueError("the last message must not be the assistant's: Kiln generates that turn")
+        return self
+
+    @property
+    def effective_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def adapter_name(self) -> str | None:
+        """None means the base model ('base' and an empty value say so too)."""
+        return None if self.adapter in (None, "", "base") else self.adapter

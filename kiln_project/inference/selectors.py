@@ -1,0 +1,40 @@
+"""What the web process knows about inference readiness, read from worker heartbeats."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from kiln_project.errors import KilnError
+from kiln_project.jobs.selectors import workers_alive
+
+
+def _inference_workers():
+    return [w for w in workers_alive() if "infer" in w.queues]
+
+
+def require_inference_ready() -> None:
+    """503 with a stable code unless a live GPU worker has the model loaded."""
+    workers = _inference_workers()
+    if not workers:
+        raise KilnError("inference_unavailable", "no GPU worker is serving the infer queue", status=503,
+                        hint="kiln serve starts one; or run: kiln worker --queues gpu,infer")
+    models = [w.status.get("model") or {} for w in workers]
+    if not any(m.get("loaded") for m in models):
+        reason = next((m.get("error") for m in models if m.get("error")), None)
+        if reason:
+            raise KilnError("model_unavailable", f"the model is not loaded: {reason}", status=503,
+                            hint="set KILN_MODEL_PATH or [model] path in kiln.toml, then restart")
+        raise KilnError("model_loading", "the GPU worker is still loading the model", status=503,
+                        hint="retry in a few seconds; /health shows progress")
+
+
+def served_models() -> list[dict]:
+    created = 0
+    models = []
+    for worker in _inference_workers():
+        model = worker.status.get("model") or {}
+        if model.get("loaded"):
+            models.append({"id": model.get("served_model_id", "kiln"), "object": "model", "created": created,
+                           "owned_by": "kiln", "root": str(settings.KILN.model_path or "")})
+            break
+    return models

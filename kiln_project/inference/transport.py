@@ -1,0 +1,61 @@
+"""Carries one inference request's events from the GPU worker to the web process over Redis.
+
+The web process enqueues the request on the `infer` queue and reads events from a Redis list
+named after the request; the worker appends them: zero or more `delta` events, then exactly one
+`done` (the full response) or `error` ({code, message, hint, status}). The list expires, so an
+abandoned request leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+
+EVENT_TTL_SECONDS = 600
+
+
+def events_key(request_id: str) -> str:
+    return f"kiln:infer:{request_id}"
+
+
+def _redis_url() -> str:
+    from django.conf import settings
+
+    return settings.KILN.effective_redis_url
+
+
+class WorkerEmitter:
+    """Worker side: append events for one request (sync redis client)."""
+
+    def __init__(self, request_id: str, client=None):
+        import redis
+
+        self.key = events_key(request_id)
+        self.client = client or redis.Redis.from_url(_redis_url())
+
+    def emit(self, event: dict) -> None:
+        pipe = self.client.pipeline()
+        pipe.rpush(self.key, json.dumps(event))
+        pipe.expire(self.key, EVENT_TTL_SECONDS)
+        pipe.execute()
+
+
+async def read_events(request_id: str, *, first_event_timeout: float, idle_timeout: float):
+    """Web side: yield events until `done` or `error`; raise TimeoutError if the worker goes quiet."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(_redis_url())
+    key = events_key(request_id)
+    timeout = first_event_timeout
+    try:
+        while True:
+            item = await client.blpop([key], timeout=timeout)
+            if item is None:
+                raise TimeoutError(f"no answer from the GPU worker within {timeout:.0f}s")
+            event = json.loads(item[1])
+            yield event
+            if event["type"] in ("done", "error"):
+                return
+            timeout = idle_timeout
+    finally:
+        await client.delete(key)
+        await client.aclose()
