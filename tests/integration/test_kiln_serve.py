@@ -1,0 +1,67 @@
+"""`kiln serve` runs the whole stack on embedded defaults and stops every child it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.support.stack import REPO, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_serve_starts_redis_workers_and_web_then_stops_them_all(tmp_path):
+    port = free_port()
+    env = {**os.environ, "KILN_HOME": str(tmp_path / "home"), "DJANGO_SETTINGS_MODULE": "kiln_project.settings",
+           "PYTHONPATH": str(REPO)}
+    for inherited in ("DATABASE_URL", "KILN_REDIS_URL", "KILN_MODEL_PATH"):
+        env.pop(inherited, None)
+    log = open(tmp_path / "serve.log", "wb")
+    serve = subprocess.Popen([sys.executable, "-m", "kiln_project.cli.main", "serve", "--port", str(port)],
+                             cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def healthy():
+            try:
+                body = httpx.get(url + "/health", timeout=2).json()
+            except (httpx.TransportError, ValueError):
+                return None
+            return body if {"gpu", "infer", "control"} <= set(body["workers"]["queues_served"]) else None
+
+        body = wait_until(healthy, 90, what="kiln serve to report both workers")
+        assert body["database"] == {"ok": True, "engine": "sqlite"}
+        assert body["broker"]["ok"] is True
+        assert body["broker"]["url"] == f"unix://{tmp_path / 'home' / 'redis' / 'redis.sock'}"
+        assert (tmp_path / "home" / "kiln.sqlite3").exists()
+        worker_pids = [int(w["id"].split(":")[1]) for w in body["workers"]["workers"]]
+        assert len(worker_pids) == 2
+        children = subprocess.run(["pgrep", "-f", f"redis-server.*{tmp_path}"], capture_output=True, text=True)
+        redis_pids = [int(p) for p in children.stdout.split()]
+        assert redis_pids, "the private redis-server is running"
+
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=90) == 0
+        for pid in worker_pids + redis_pids:
+            assert wait_until(lambda pid=pid: _pid_gone(pid), 10, what=f"pid {pid} to exit")
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=2)
+        text = (tmp_path / "serve.log").read_text(errors="replace")
+        for name in ("web", "gpu-worker", "control-worker", "redis"):
+            assert f"kiln: stopped {name}" in text
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        log.close()
