@@ -80,13 +80,17 @@ def _internal(request, exc):
 
 
 def _register_routers() -> None:
+    from adapters.api import router as adapters_router
     from kiln_project.inference.api import router as inference_router
     from kiln_project.jobs.api import router as jobs_router
     from kiln_project.system_api import router as system_router
+    from training.api import router as training_router
 
     api.add_router("/", system_router)
     api.add_router("/jobs", jobs_router)
     api.add_router("/", inference_router)
+    api.add_router("/", training_router)
+    api.add_router("/adapters", adapters_router)
 
 
 _register_routers()

@@ -49,6 +49,8 @@ INSTALLED_APPS = [
     "kiln_project.jobs",
     "kiln_project.inference",
     "kiln_project.ui",
+    "adapters",
+    "training",
 ]
 
 MIDDLEWARE = [

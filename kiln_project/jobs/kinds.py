@@ -23,10 +23,21 @@ class JobKind:
     category: str = "other"  # training | evaluation | openenv | other: where the UI lists it
     queue_full_code: str = "job_queue_full"
     queue_full_retry_after: int = 30
+    # Optional "module:function" called with the job after it ends failed or cancelled (in whichever
+    # process ended it), e.g. to release resources a queued job had reserved. Must not import torch.
+    on_unsuccessful: str = ""
 
     def load_handler(self) -> Callable:
-        module_name, _, attr = self.handler.partition(":")
-        return getattr(import_module(module_name), attr)
+        return _load(self.handler)
+
+    def run_unsuccessful_hook(self, job) -> None:
+        if self.on_unsuccessful:
+            _load(self.on_unsuccessful)(job)
+
+
+def _load(path: str) -> Callable:
+    module_name, _, attr = path.partition(":")
+    return getattr(import_module(module_name), attr)
 
 
 _KINDS: dict[str, JobKind] = {}

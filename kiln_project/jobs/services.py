@@ -88,6 +88,12 @@ def job_log(*, job: Job, message: str, data: dict | None = None) -> None:
         _event(job, "log", message, data)
 
 
+def _after_unsuccessful(job: Job) -> None:
+    kind = get_job_kind(job.kind)
+    if kind is not None:
+        transaction.on_commit(lambda: kind.run_unsuccessful_hook(job))
+
+
 def _finish(job: Job, state: str, *, event_message: str, **fields) -> bool:
     now = timezone.now()
     with transaction.atomic():
@@ -96,6 +102,8 @@ def _finish(job: Job, state: str, *, event_message: str, **fields) -> bool:
         )
         if updated:
             _event(job, state, event_message, {k: v for k, v in fields.items() if k.startswith("error")})
+            if state != JobState.COMPLETED:
+                _after_unsuccessful(job)
     return bool(updated)
 
 
@@ -128,6 +136,7 @@ def job_cancel(*, job: Job, user=None) -> Job:
         ):
             job.refresh_from_db()
             _event(job, "cancelled", f"cancelled by {who} while queued")
+            _after_unsuccessful(job)
             return job
         if Job.objects.filter(id=job.id, state=JobState.RUNNING, cancel_requested=False).update(
             cancel_requested=True, updated_at=now

@@ -1,0 +1,1 @@
+"""Adapter registry: versioned LoRA adapters, their files, receipts and (later) promotions."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AdaptersConfig(AppConfig):
+    name = "adapters"
+    verbose_name = "Adapters"

@@ -1,0 +1,18 @@
+"""API shapes of adapters."""
+
+from __future__ import annotations
+
+
+def adapter_out(adapter) -> dict:
+    return {
+        "name": adapter.name,
+        "state": adapter.state,
+        "path": adapter.path or None,
+        "content_sha256": adapter.content_sha256 or None,
+        "base_model_sha256": adapter.base_model_sha256 or None,
+        "base_adapter": adapter.base_adapter or None,
+        "loaded": adapter.loaded,
+        "training_job_id": str(adapter.training_job.uuid) if adapter.training_job_id else None,
+        "created_at": adapter.created_at,
+        "published_at": adapter.published_at,
+    }

@@ -1,0 +1,138 @@
+"""POST /v1/train/grpo admission: one source, validation with the offending field, pinned snapshot."""
+
+import json
+import os
+import stat
+
+import pytest
+from django.test import Client
+
+from adapters.models import Adapter
+from kiln_project.accounts.services import token_create, user_create
+from kiln_project.canonical import sha256_digest
+from kiln_project.jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+GROUP = {"messages": [{"role": "user", "content": "What is 2 + 3?"}],
+         "completions": [{"text": "5", "reward": 1.0}, {"text": "6", "reward": 0.0}]}
+
+
+@pytest.fixture
+def api():
+    user_create(username="trainer", password="long-enough-pw")
+    return Client(headers={"Authorization": f"Bearer {token_create(username='trainer')[1]}"})
+
+
+def _post(api, body, route="/v1/train/grpo"):
+    return api.post(route, data=json.dumps(body), content_type="application/json")
+
+
+def _error(response, status, code="training_invalid_request"):
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert error["code"] == code
+    return error["message"]
+
+
+def test_inline_groups_are_queued_with_a_pinned_snapshot(api):
+    response = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001", "seed": 7}})
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["state"] == "queued" and body["effective_seed"] == "7"
+    job = Job.objects.get(uuid=body["job_id"])
+    assert (job.kind, job.queue, job.payload["adapter_name"]) == ("training.grpo", "gpu", "math-r001")
+    snapshot = job.payload["snapshot_path"]
+    data = open(snapshot, "rb").read()
+    assert json.loads(data.splitlines()[0]) == GROUP
+    assert job.payload["training_data"]["admitted_corpus_sha256"] == sha256_digest(data)
+    assert job.payload["training_data"] == {"source": "inline", "admitted_corpus_sha256": sha256_digest(data),
+                                            "rows": 1, "rollouts": 2}
+    assert not os.stat(snapshot).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    assert job.payload["config"]["behavior_policy"] == "no_importance_correction"
+    assert Adapter.objects.get(name="math-r001").state == "writing"
+
+
+def test_agentic_alias_and_rollouts_alias(api):
+    group = {"messages": GROUP["messages"], "rollouts": GROUP["completions"]}
+    response = _post(api, {"agentic_groups": [group], "config": {"output_name": "agent-1"}}, "/v1/train/agentic")
+    assert response.status_code == 200, response.content
+    assert Job.objects.get(uuid=response.json()["job_id"]).payload["route"] == "/v1/train/agentic"
+
+
+def test_dataset_path_is_read_by_the_server_and_validated_in_full(api, tmp_path):
+    path = tmp_path / "groups.jsonl"
+    path.write_text(json.dumps(GROUP) + "\n\n" + json.dumps(GROUP) + "\n")
+    response = _post(api, {"dataset_path": str(path), "config": {"output_name": "from-file"}})
+    assert response.status_code == 200, response.content
+    job = Job.objects.get(uuid=response.json()["job_id"])
+    assert job.payload["training_data"]["rows"] == 2
+    assert job.payload["training_data"]["source"] == "dataset_path"
+    path.write_text(json.dumps(GROUP) + "\n" + '{"messages": [], "completions": []}\n')
+    message = _error(_post(api, {"dataset_path": str(path), "config": {"output_name": "bad-file"}}), 400)
+    assert "groups[2].messages" in message
+    assert "absolute" in _error(_post(api, {"dataset_path": "rel/groups.jsonl"}), 400)
+    assert "not a readable file" in _error(_post(api, {"dataset_path": str(tmp_path / "nope.jsonl")}), 400)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"groups": [GROUP], "dataset_path": "/tmp/x.jsonl"}, "source"),
+    ({}, "source"),
+    ({"groups": [GROUP], "dataset_split": "test"}, "dataset_split"),
+    ({"groups": [{**GROUP, "completions": [{"text": "5", "reward": float("nan")}]}]}, "groups[1].completions[0].reward"),
+    ({"groups": [{**GROUP, "completions": [{"text": "5"}]}]}, "groups[1].completions[0].reward"),
+    ({"groups": [{**GROUP, "completions": [{"reward": 1}]}]}, "groups[1].completions[0].text"),
+    ({"groups": [GROUP], "config": {"behavior_policy": "recorded"}}, "config.behavior_policy"),
+    ({"groups": [GROUP], "config": {"base_adapter": "never-trained"}}, "config.base_adapter"),
+    ({"groups": [GROUP], "config": {"kl_coeff": 0.1, "kl_reference_policy": "none"}}, "kl_reference_policy"),
+    ({"groups": [GROUP], "config": {"clip_epsilon": -1}}, "clip_epsilon"),
+    ({"groups": [GROUP], "config": {"is_level": "banana"}}, "is_level"),
+])
+def test_invalid_requests_name_the_field_and_store_nothing(api, body, field):
+    raw = json.dumps(body).replace("NaN", "NaN")
+    response = api.post("/v1/train/grpo", data=raw, content_type="application/json")
+    message = _error(response, 400)
+    assert field in message
+    assert Job.objects.count() == 0 and Adapter.objects.count() == 0
+
+
+def test_named_dataset_is_a_clear_404_until_the_registry_exists(api):
+    _error(_post(api, {"dataset": "math"}), 404, "dataset_not_found")
+
+
+def test_output_name_conflicts(api):
+    assert _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001"}}).status_code == 200
+    _error(_post(api, {"groups": [GROUP], "config": {"output_name": "math-r001"}}), 409, "adapter_revision_conflict")
+    _error(_post(api, {"groups": [GROUP], "config": {"output_name": "../etc"}}), 400)
+    assert Job.objects.count() == 1
+
+
+def test_queue_cap_is_503_training_queue_full_with_retry_after(api, settings):
+    from dataclasses import replace
+
+    settings.KILN = replace(settings.KILN, max_queued_jobs=1)
+    assert _post(api, {"groups": [GROUP], "config": {"output_name": "one"}}).status_code == 200
+    response = _post(api, {"groups": [GROUP], "config": {"output_name": "two"}})
+    _error(response, 503, "training_queue_full")
+    assert response["Retry-After"] == "30"
+    assert not Adapter.objects.filter(name="two").exists()
+
+
+def test_status_queue_detail_and_cancel_routes(api, django_capture_on_commit_callbacks):
+    first = _post(api, {"groups": [GROUP], "config": {"output_name": "q1"}}).json()["job_id"]
+    second = _post(api, {"groups": [GROUP], "config": {"output_name": "q2"}}).json()["job_id"]
+    queue = api.get("/v1/train/queue").json()
+    assert [(q["job_id"], q["position"], q["adapter_name"]) for q in queue["queued"]] == [
+        (first, 1, "q1"), (second, 2, "q2")]
+    assert queue["running"] is None
+    detail = api.get(f"/v1/train/jobs/{first}").json()
+    assert detail["state"] == "queued" and detail["adapter_name"] == "q1" and detail["train_receipt"] is None
+    assert detail["training_data"]["rows"] == 1
+    assert [s["job_id"] for s in api.get("/v1/train/status").json()] == [second, first]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api.delete(f"/v1/train/queue/{first}").json() == {"status": "cancelled", "job_id": first}
+    assert not Adapter.objects.filter(name="q1").exists()  # the cancelled job's name is free again
+    _error(api.delete(f"/v1/train/queue/{first}"), 409, "training_job_not_cancellable")
+    _error(api.get("/v1/train/jobs/3f1f8c5e-0000-4000-8000-000000000000"), 404, "training_job_not_found")
+    _error(api.delete(f"/v1/train/jobs/{second}"), 409, "training_job_already_started")
+    assert api.delete(f"/v1/train/jobs/{first}").json()["status"] == "deleted"

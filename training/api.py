@@ -1,0 +1,102 @@
+"""/v1/train/*: submit GRPO training, follow it, cancel it, delete finished jobs.
+
+Web-facing: no torch. The request contract is validated by the torch-free GrpoConfig.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ninja import Router
+
+from kiln_project.accounts.auth import require_permission
+from kiln_project.errors import KilnError
+from kiln_project.jobs import services as job_services
+from kiln_project.jobs.models import TERMINAL_STATES
+from training import selectors
+from training.services import grpo_submit
+
+router = Router(tags=["training"])
+
+
+def _body(request) -> dict:
+    try:
+        body = json.loads(request.body or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise KilnError("training_invalid_request", f"request: not valid JSON ({exc})", status=400) from None
+    if not isinstance(body, dict):
+        raise KilnError("training_invalid_request", "request: must be a JSON object", status=400)
+    return body
+
+
+def _submit(request, route: str) -> dict:
+    require_permission(request, "submit_job")
+    job, seed = grpo_submit(body=_body(request), user=request.user, route=route)
+    return {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
+            "message": f"GRPO training queued; it will publish adapter {job.payload['adapter_name']}"}
+
+
+@router.post("/train/grpo", summary="Queue GRPO training from scored groups")
+def train_grpo(request):
+    return _submit(request, "/v1/train/grpo")
+
+
+@router.post("/train/agentic", summary="Queue GRPO training (agentic alias)")
+def train_agentic(request):
+    return _submit(request, "/v1/train/agentic")
+
+
+@router.post("/training/grpo", summary="Queue GRPO training (compatibility alias)", include_in_schema=False)
+def training_grpo_compat(request):
+    return _submit(request, "/v1/train/grpo")
+
+
+def _job_or_404(job_id: str):
+    job = selectors.training_job_get(job_id=job_id)
+    if job is None:
+        raise KilnError("training_job_not_found", f"no training job with id {job_id!r}", status=404,
+                        hint="list training jobs with GET /v1/train/status")
+    return job
+
+
+@router.get("/train/status", summary="Status of every training job, newest first")
+def train_status(request):
+    return [selectors.training_status(job) for job in selectors.training_jobs()[:200]]
+
+
+@router.get("/train/status/{job_id}", summary="Status of one training job")
+def train_status_one(request, job_id: str):
+    return selectors.training_status(_job_or_404(job_id))
+
+
+@router.get("/train/jobs/{job_id}", summary="Training job detail: loss history, adapter, receipt, checkpoint")
+def train_job_detail(request, job_id: str):
+    return selectors.training_detail(_job_or_404(job_id))
+
+
+@router.delete("/train/jobs/{job_id}", summary="Delete a finished training job's record")
+def train_job_delete(request, job_id: str):
+    require_permission(request, "submit_job")
+    job = _job_or_404(job_id)
+    if job.state not in TERMINAL_STATES:
+        raise KilnError("training_job_already_started", f"job {job_id} is {job.state}; cancel it first", status=409)
+    job.delete()
+    return {"job_id": job_id, "status": "deleted", "removed_archive_file": False}
+
+
+@router.get("/train/queue", summary="The training queue: running, queued in order, recently finished")
+def train_queue(request):
+    return selectors.training_queue()
+
+
+@router.delete("/train/queue/{job_id}", summary="Cancel a queued or running training job")
+def train_cancel(request, job_id: str):
+    require_permission(request, "submit_job")
+    job = _job_or_404(job_id)
+    if job.state in TERMINAL_STATES:
+        raise KilnError("training_job_not_cancellable", f"job {job_id} is already {job.state}", status=409)
+    job = job_services.job_cancel(job=job, user=request.user)
+    if job.state == "running":
+        return {"status": "cancelling", "job_id": job_id,
+                "message": "the job stops at the next group boundary and publishes a checkpoint"}
+    return {"status": "cancelled", "job_id": job_id}

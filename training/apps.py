@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class TrainingConfig(AppConfig):
+    name = "training"
+    verbose_name = "Training"
+
+    def ready(self):
+        from kiln_project.jobs.kinds import JobKind, register_job_kind
+
+        # The handler runs in the GPU worker; naming it by path keeps torch out of the web process.
+        register_job_kind(JobKind(name="training.grpo", queue="gpu", handler="training.runner:run_grpo_job",
+                                  category="training", queue_full_code="training_queue_full",
+                                  queue_full_retry_after=30,
+                                  on_unsuccessful="training.hooks:release_output_adapter"))

@@ -1,0 +1,146 @@
+"""Admission of GRPO groups (spec §2.1): parse, validate and canonicalise, from inline JSON or JSONL.
+
+Pure module (no Django, no torch). Errors name the 1-based group index and the field, so a user can
+find the line. Blank JSONL lines are skipped without consuming an index.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from kiln_project.canonical import sha256_digest
+
+MAX_GROUPS = 100_000
+MAX_COMPLETIONS_PER_GROUP = 1024
+MAX_CORPUS_BYTES = 512 * 1024 * 1024
+SEGMENT_KINDS = ("context", "action", "observation")
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+
+
+class GroupError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class AdmittedCorpus:
+    groups: list[dict]
+    jsonl: bytes  # canonical compact JSON lines: exactly the snapshot's bytes
+    sha256: str  # spec §2.7 digest over those bytes
+    rollouts: int
+    with_provenance: int
+
+
+def _message(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise GroupError(where, "must be an object with role and content")
+    role = value.get("role")
+    if role not in MESSAGE_ROLES:
+        raise GroupError(f"{where}.role", f"must be one of {', '.join(MESSAGE_ROLES)}")
+    content = value.get("content")
+    if isinstance(content, list):  # content parts are flattened to their text
+        if not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+            raise GroupError(f"{where}.content", "parts must each carry a text string")
+        content = "".join(p["text"] for p in content)
+    if content is not None and not isinstance(content, str):
+        raise GroupError(f"{where}.content", "must be a string, null or a list of text parts")
+    message = {"role": role, "content": content}
+    for optional in ("name", "tool_call_id", "tool_calls", "reasoning_content"):
+        if optional in value:
+            message[optional] = value[optional]
+    return message
+
+
+def _segment(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise GroupError(where, "must be an object")
+    if value.get("kind") not in SEGMENT_KINDS:
+        raise GroupError(f"{where}.kind", f"must be one of {', '.join(SEGMENT_KINDS)}")
+    if not isinstance(value.get("content"), str):
+        raise GroupError(f"{where}.content", "must be a string")
+    if not isinstance(value.get("role"), str):
+        raise GroupError(f"{where}.role", "must be a string")
+    warning = value.get("warning_prefix_len")
+    if warning is not None and (isinstance(warning, bool) or not isinstance(warning, int) or warning < 0):
+        raise GroupError(f"{where}.warning_prefix_len", "must be a non-negative integer")
+    return value
+
+
+def _completion(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise GroupError(where, "must be an object with text and reward")
+    if not isinstance(value.get("text"), str):
+        raise GroupError(f"{where}.text", "is required and must be a string")
+    reward = value.get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, int | float):
+        raise GroupError(f"{where}.reward", "is required and must be a number")
+    if not math.isfinite(reward):
+        raise GroupError(f"{where}.reward", "must be finite")
+    completion = {"text": value["text"], "reward": reward}
+    if "trajectory" in value:
+        if not isinstance(value["trajectory"], list):
+            raise GroupError(f"{where}.trajectory", "must be a list of segments")
+        completion["trajectory"] = [_segment(s, f"{where}.trajectory[{i}]") for i, s in enumerate(value["trajectory"])]
+    for optional in ("provenance", "openenv"):
+        if optional in value:
+            if not isinstance(value[optional], dict):
+                raise GroupError(f"{where}.{optional}", "must be an object")
+            completion[optional] = value[optional]
+    return completion
+
+
+def parse_group(value, index: int) -> dict:
+    where = f"groups[{index}]"
+    if not isinstance(value, dict):
+        raise GroupError(where, "must be an object with messages and completions")
+    messages = value.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise GroupError(f"{where}.messages", "must be a non-empty list of chat messages")
+    has_completions, has_rollouts = "completions" in value, "rollouts" in value
+    if has_completions == has_rollouts:
+        raise GroupError(f"{where}.completions", "give exactly one of completions or rollouts")
+    completions = value["completions" if has_completions else "rollouts"]
+    if not isinstance(completions, list) or not completions:
+        raise GroupError(f"{where}.completions", "must be a non-empty list")
+    if len(completions) > MAX_COMPLETIONS_PER_GROUP:
+        raise GroupError(f"{where}.completions", f"at most {MAX_COMPLETIONS_PER_GROUP} per group")
+    parsed = [_completion(c, f"{where}.completions[{i}]") for i, c in enumerate(completions)]
+    kinds = {"openenv" in c for c in parsed}
+    if len(kinds) > 1:
+        raise GroupError(f"{where}.completions", "mix OpenEnv and ordinary rollouts")
+    return {"messages": [_message(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)],
+            "completions": parsed}
+
+
+def admit_groups(groups: list) -> AdmittedCorpus:
+    if not isinstance(groups, list) or not groups:
+        raise GroupError("groups", "must be a non-empty list")
+    if len(groups) > MAX_GROUPS:
+        raise GroupError("groups", f"at most {MAX_GROUPS} groups per request")
+    parsed = [parse_group(g, i + 1) for i, g in enumerate(groups)]
+    if len({any("openenv" in c for c in g["completions"]) for g in parsed}) > 1:
+        raise GroupError("groups", "a corpus is all-OpenEnv or all-ordinary")
+    lines = b"".join(json.dumps(g, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" for g in parsed)
+    rollouts = sum(len(g["completions"]) for g in parsed)
+    with_provenance = sum(1 for g in parsed for c in g["completions"] if "provenance" in c)
+    return AdmittedCorpus(parsed, lines, sha256_digest(lines), rollouts, with_provenance)
+
+
+def admit_jsonl(data: bytes) -> AdmittedCorpus:
+    """Validate a whole JSONL corpus (bounded) before anything is queued."""
+    if len(data) > MAX_CORPUS_BYTES:
+        raise GroupError("dataset_path", f"the file is larger than {MAX_CORPUS_BYTES} bytes")
+    groups = []
+    for line_number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            groups.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise GroupError(f"line {line_number}", f"is not valid JSON ({exc})") from None
+    if not groups:
+        raise GroupError("dataset_path", "the file holds no groups")
+    return admit_groups(groups)

@@ -1,0 +1,90 @@
+"""Read-side views of GRPO jobs: status, detail, queue, in the shapes the reference API uses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.utils import timezone
+
+from adapters.models import Adapter
+from kiln_project.jobs.models import Job, JobState
+
+TRAINING_KINDS = ("training.grpo",)
+
+
+def training_jobs():
+    return Job.objects.filter(kind__in=TRAINING_KINDS).order_by("-id")
+
+
+def training_job_get(*, job_id: str) -> Job | None:
+    from kiln_project.jobs.selectors import job_get
+
+    job = job_get(job_id=job_id)
+    return job if job is not None and job.kind in TRAINING_KINDS else None
+
+
+def _unix_ms(moment) -> int | None:
+    return int(moment.timestamp() * 1000) if moment else None
+
+
+def training_status(job: Job) -> dict:
+    started = job.started_at
+    end = job.finished_at or timezone.now()
+    error = {"code": job.error_code, "message": job.error_message} if job.error_code else None
+    return {
+        "job_id": str(job.uuid),
+        "state": job.state,
+        "progress": job.progress,
+        "current_loss": job.metrics.get("loss"),
+        "adapter_name": job.payload.get("adapter_name"),
+        "started_at": started,
+        "elapsed_secs": (end - started).total_seconds() if started else 0.0,
+        "effective_seed": job.payload.get("effective_seed"),
+        "submitted_unix_ms": _unix_ms(job.created_at),
+        "finished_unix_ms": _unix_ms(job.finished_at),
+        "job_type": "grpo",
+        "training_data": job.payload.get("training_data"),
+        "error": error,
+        "cancel_requested": job.cancel_requested,
+    }
+
+
+def _receipt(adapter_path: str | None, job: Job) -> dict | None:
+    candidates = [job.result.get("receipt_path")] + ([str(Path(adapter_path) / "train_receipt.json")]
+                                                     if adapter_path else [])
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return json.loads(Path(candidate).read_text())
+    return None
+
+
+def training_detail(job: Job) -> dict:
+    adapter = Adapter.objects.filter(training_job=job).first()
+    adapter_path = adapter.path if adapter and adapter.path else job.result.get("adapter_path")
+    return {
+        **training_status(job),
+        "epoch": job.metrics.get("epoch"),
+        "adapter_path": adapter_path,
+        "auto_load": job.payload.get("config", {}).get("auto_load"),
+        "linked_eval_job_ids": job.result.get("linked_eval_job_ids", []),
+        "loss_history": job.metrics.get("loss_history", []),
+        "reward_history": job.metrics.get("reward_history", []),
+        "kl_history": job.metrics.get("kl_history", []),
+        "train_receipt": _receipt(adapter_path, job),
+        "latest_checkpoint": job.result.get("latest_checkpoint") or job.metrics.get("latest_checkpoint"),
+        "effective_config": job.payload.get("config"),
+        "post_eval": job.payload.get("post_eval"),
+    }
+
+
+def training_queue() -> dict:
+    running = training_jobs().filter(state=JobState.RUNNING).first()
+    queued = list(training_jobs().filter(state=JobState.QUEUED).order_by("id"))
+    completed = training_jobs().filter(state__in=[JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED])[:20]
+    return {
+        "running": training_status(running) if running else None,
+        "queued": [{"job_id": str(j.uuid), "job_type": "grpo", "adapter_name": j.payload.get("adapter_name"),
+                    "position": i + 1} for i, j in enumerate(queued)],
+        "completed": [training_status(j) for j in completed],
+    }

@@ -1,0 +1,140 @@
+"""Admission of GRPO training requests: one source, a valid config, a pinned snapshot, a queued job.
+
+Nothing is queued until the whole corpus validated; the snapshot is written (read-only) before the
+job row exists, and a refusal after that removes it again, so a failed submission leaves nothing.
+The request contract (GrpoConfig) is the torch-free `gpu_runtime.grpo.config`/`submission` pair.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from adapters.selectors import adapter_published_path
+from adapters.services import adapter_reserve, validate_adapter_name
+from gpu_runtime.grpo.config import resolve_effective_seed
+from gpu_runtime.grpo.config_values import GrpoConfigError
+from gpu_runtime.grpo.submission import GrpoSubmission
+from kiln_project.errors import KilnError
+from kiln_project.jobs.services import job_submit
+from training.groups import MAX_CORPUS_BYTES, AdmittedCorpus, GroupError, admit_groups, admit_jsonl
+
+INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
+
+
+def _invalid(message: str, field: str, hint: str = "") -> KilnError:
+    return KilnError("training_invalid_request", f"{field}: {message}", hint=hint, status=400, field=field)
+
+
+def snapshots_dir() -> Path:
+    path = settings.KILN.home / "training" / "snapshots"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _pin_snapshot(corpus: AdmittedCorpus) -> Path:
+    """Write the admitted corpus as a private read-only file: the job trains on exactly these bytes."""
+    final = snapshots_dir() / f"{uuid.uuid4().hex}.jsonl"
+    tmp = final.with_name(f".{final.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(corpus.jsonl)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.chmod(0o444)
+    tmp.rename(final)
+    return final
+
+
+def _read_dataset_path(value) -> tuple[AdmittedCorpus, dict]:
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise _invalid("must be an absolute path on the server", "dataset_path",
+                       "the server reads the file itself: pass realpath of the file")
+    path = Path(value)
+    if not path.is_file():
+        raise _invalid(f"{value} is not a readable file on the server", "dataset_path")
+    if path.stat().st_size > MAX_CORPUS_BYTES:
+        raise _invalid(f"the file is larger than {MAX_CORPUS_BYTES} bytes", "dataset_path")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _invalid(f"cannot read {value}: {exc.strerror}", "dataset_path") from None
+    try:
+        corpus = admit_jsonl(data)
+    except GroupError as exc:
+        raise _invalid(str(exc).split(": ", 1)[1], f"dataset_path {exc.field}") from None
+    return corpus, {"source": "dataset_path", "path": value}
+
+
+def _admit_source(body: dict) -> tuple[AdmittedCorpus, dict]:
+    present = [k for k in (*INLINE_SOURCES, "dataset_path", "dataset") if body.get(k) is not None]
+    if len(present) != 1:
+        raise _invalid(f"give exactly one source (groups, dataset_path or dataset); got "
+                       f"{', '.join(present) or 'none'}", "source")
+    source = present[0]
+    if body.get("dataset_split") is not None and source != "dataset":
+        raise _invalid("is only valid with dataset", "dataset_split")
+    if source == "dataset":
+        raise KilnError("dataset_not_found", f"no dataset named {body['dataset']!r}", status=404,
+                        hint="the dataset registry is not available yet: send groups inline or a dataset_path")
+    if source == "dataset_path":
+        return _read_dataset_path(body["dataset_path"])
+    try:
+        return admit_groups(body[source]), {"source": "inline"}
+    except GroupError as exc:
+        raise _invalid(str(exc).split(": ", 1)[1], exc.field) from None
+
+
+def _parse_submission(body: dict) -> GrpoSubmission:
+    try:
+        return GrpoSubmission.from_request(body)
+    except GrpoConfigError as exc:
+        field = exc.field if exc.field.startswith(("config", "post_eval")) else f"config.{exc.field}"
+        raise KilnError(getattr(exc, "code", "training_invalid_request"), f"{field}: {exc.message}",
+                        status=400, field=field) from None
+
+
+def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tuple:
+    """Validate and queue a GRPO request. Returns (job, effective_seed)."""
+    if not isinstance(body, dict):
+        raise _invalid("must be a JSON object", "request")
+    submission = _parse_submission(body)
+    config = submission.config
+    corpus, provenance = _admit_source(body)
+    if config.behavior_policy == "recorded" and corpus.with_provenance != corpus.rollouts:
+        missing = corpus.rollouts - corpus.with_provenance
+        raise _invalid(f"behavior_policy recorded needs provenance on every rollout; {missing} of "
+                       f"{corpus.rollouts} have none", "config.behavior_policy",
+                       "regenerate with kiln rollout-generate, or use no_importance_correction on purpose")
+    if config.base_adapter and adapter_published_path(name=config.base_adapter) is None:
+        raise _invalid(f"no published adapter named {config.base_adapter!r}", "config.base_adapter")
+    output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    validate_adapter_name(output_name)
+    seed = resolve_effective_seed(config)
+    effective = config.with_seed(seed) if hasattr(config, "with_seed") else config
+    snapshot = _pin_snapshot(corpus)
+    try:
+        with transaction.atomic():
+            payload = {
+                "route": route,
+                "adapter_name": output_name,
+                "config": effective.to_dict(),
+                "ignored_config_keys": sorted(getattr(config, "ignored_keys", ()) or ()),
+                "post_eval": submission.post_eval.to_dict() if submission.post_eval else None,
+                "dry_run": submission.dry_run,
+                "effective_seed": str(seed),
+                "snapshot_path": str(snapshot),
+                "training_data": {**provenance, "admitted_corpus_sha256": corpus.sha256,
+                                  "rows": len(corpus.groups), "rollouts": corpus.rollouts},
+            }
+            job = job_submit(kind="training.grpo", payload=payload, title=f"GRPO → {output_name}", user=user)
+            adapter_reserve(name=output_name, job=job, base_adapter=config.base_adapter or "")
+    except BaseException:
+        snapshot.chmod(0o644)
+        snapshot.unlink(missing_ok=True)
+        raise
+    return job, seed
