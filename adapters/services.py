@@ -23,7 +23,7 @@ def adapters_root() -> Path:
 
 def validate_adapter_name(name: str, *, field: str = "output_name") -> str:
     if not isinstance(name, str) or not NAME_PATTERN.match(name) or name == "base" or ".." in name:
-        raise KilnError("invalid_adapter_name", f"{field}: {name!r} is not a valid adapter name", status=400,
+        raise KilnError("invalid_adapter_name", f"{field}: {name!r} is not a valid adapter name", status=400, field=field,
                         hint="use letters, digits, '.', '_' and '-' (at most 64), e.g. math-r001")
     return name
 

@@ -113,7 +113,7 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
     if config.base_adapter and adapter_published_path(name=config.base_adapter) is None:
         raise _invalid(f"no published adapter named {config.base_adapter!r}", "config.base_adapter")
     output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    validate_adapter_name(output_name)
+    validate_adapter_name(output_name, field="config.output_name")
     seed = resolve_effective_seed(config)
     effective = config.with_seed(seed) if hasattr(config, "with_seed") else config
     snapshot = _pin_snapshot(corpus)

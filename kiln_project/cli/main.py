@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from kiln_project.cli import accounts_cmd, jobs_cmd, model_cmd, serve, worker
+from kiln_project.cli import accounts_cmd, jobs_cmd, model_cmd, serve, train_cmd, worker
 from kiln_project.cli.client import CliError, default_url
 
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     accounts_cmd.add_parser(sub)
     model_cmd.add_parser(sub)
     jobs_cmd.add_parser(sub, common)
+    train_cmd.add_parser(sub, common)
     return parser
 
 

@@ -13,11 +13,21 @@ class KilnWorkerMiddleware(Middleware):
 
         queues = [q for q in os.environ.get("KILN_WORKER_QUEUES", "gpu,control").split(",") if q]
         start_worker(queues)
+        if "infer" in queues:
+            # The GPU worker keeps the model resident; loading runs in the background and its
+            # outcome (loaded, or why not) is published in the heartbeat.
+            from kiln_project.inference.runtime_host import start_model_host
+
+            start_model_host()
 
     def before_worker_shutdown(self, broker, worker):
         from kiln_project.jobs.runner import request_shutdown
 
         request_shutdown()
+        if "infer" in os.environ.get("KILN_WORKER_QUEUES", ""):
+            from kiln_project.inference.runtime_host import stop_model_host
+
+            stop_model_host()
 
     def after_worker_shutdown(self, broker, worker):
         from kiln_project.jobs.worker_state import stop_worker

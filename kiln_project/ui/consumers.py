@@ -16,7 +16,7 @@ from channels.generic.websocket import WebsocketConsumer
 
 from kiln_project.jobs import selectors
 from kiln_project.jobs.broadcast import JOBS_GROUP, job_group
-from kiln_project.ui import fragments
+from kiln_project.ui import fragments, training_fragments
 
 MAX_LIMIT = 500
 
@@ -96,4 +96,23 @@ class JobDetailConsumer(_AuthenticatedConsumer):
 
     def job_changed(self, message):
         if message.get("job_id") == self.job_id:
+            self.send_snapshot()
+
+
+class TrainingQueueConsumer(_AuthenticatedConsumer):
+    """/ws/ui/training/queue/: the GRPO page's queue block, re-rendered whole when a training job changes.
+
+    Positions and the running slot depend on every training job, so the block is re-read from the
+    database (training.selectors.training_queue) rather than patched row by row."""
+
+    def prepare(self) -> bool:
+        self.groups_to_join = [JOBS_GROUP]
+        return True
+
+    def send_snapshot(self) -> None:
+        self.send(text_data=training_fragments.render_queue())
+
+    def job_changed(self, message):
+        job = selectors.job_get(job_id=message["job_id"])
+        if job is not None and training_fragments.is_training_job(job):
             self.send_snapshot()

@@ -11,6 +11,7 @@ from django.template.loader import render_to_string
 
 from kiln_project.jobs import selectors
 from kiln_project.jobs.kinds import get_job_kind
+from kiln_project.ui import training_fragments
 
 TABLE = "ui/jobs/table.html"
 DETAIL = "ui/jobs/detail.html"
@@ -38,11 +39,14 @@ def job_in_category(job, category: str | None) -> bool:
 
 
 def job_detail_context(job) -> dict:
-    """Everything the live part of the job page shows."""
+    """Everything the live part of the job page shows (plus its training section for GRPO jobs)."""
+    training = training_fragments.is_training_job(job)
     return {
         "job": job,
         "events": selectors.job_events(job=job),
         "queue_position": selectors.job_queue_position(job=job),
+        "metrics": training_fragments.metrics_without_histories(job) if training else (job.metrics or {}),
+        "training": training_fragments.training_section(job) if training else None,
     }
 
 

@@ -2,9 +2,10 @@
 
 from django.urls import path
 
-from kiln_project.ui.consumers import JobDetailConsumer, JobListConsumer
+from kiln_project.ui.consumers import JobDetailConsumer, JobListConsumer, TrainingQueueConsumer
 
 websocket_urlpatterns = [
     path("ws/ui/jobs/", JobListConsumer.as_asgi(), name="ws_jobs"),
     path("ws/ui/jobs/<uuid:job_id>/", JobDetailConsumer.as_asgi(), name="ws_job"),
+    path("ws/ui/training/queue/", TrainingQueueConsumer.as_asgi(), name="ws_training_queue"),
 ]

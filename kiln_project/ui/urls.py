@@ -5,6 +5,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from kiln_project.ui import views
+from training import views as training_views
 
 app_name = "ui"
 urlpatterns = [
@@ -12,9 +13,10 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("training/", RedirectView.as_view(pattern_name="ui:training_grpo", permanent=False), name="training"),
-    path("training/grpo/", views.training_grpo, name="training_grpo"),
+    path("training/grpo/", training_views.grpo_page, name="training_grpo"),
     path("training/openenv/", views.training_openenv, name="training_openenv"),
     path("adapters/", views.adapters, name="adapters"),
+    path("adapters/<str:name>/", views.adapter_detail, name="adapter_detail"),
     path("evaluations/", views.evaluations, name="evaluations"),
     path("promotions/", views.promotions, name="promotions"),
     path("jobs/", views.jobs, name="jobs"),

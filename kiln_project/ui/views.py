@@ -1,5 +1,7 @@
 """Dashboard pages. Views read through selectors and write through services; no domain decisions.
 
+Training → GRPO lives in training/views.py (it submits through training.services).
+
 Every page is plain server-rendered HTML that reads fine without JavaScript; live updates are an
 htmx layer on top (see consumers.py). Web-facing: never imports torch or gpu_runtime.
 """
@@ -12,11 +14,12 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from adapters import selectors as adapter_selectors
 from kiln_project.errors import KilnError
 from kiln_project.health import health_report
 from kiln_project.jobs import selectors, services
 from kiln_project.jobs.models import JobState
-from kiln_project.ui import fragments
+from kiln_project.ui import fragments, training_fragments
 
 RECENT_JOBS = 10
 
@@ -46,11 +49,6 @@ def _category_page(request, *, category: str, template: str):
 
 
 @login_required
-def training_grpo(request):
-    return _category_page(request, category="training", template="ui/training_grpo.html")
-
-
-@login_required
 def training_openenv(request):
     return _category_page(request, category="openenv", template="ui/training_openenv.html")
 
@@ -62,7 +60,24 @@ def evaluations(request):
 
 @login_required
 def adapters(request):
-    return render(request, "ui/adapters.html")
+    return render(request, "ui/adapters.html", {"adapters": list(adapter_selectors.adapter_list())})
+
+
+@login_required
+def adapter_detail(request, name):
+    adapter = adapter_selectors.adapter_get(name=name)
+    if adapter is None:
+        raise Http404("no such adapter")
+    try:
+        receipt, receipt_error = adapter_selectors.adapter_receipt(adapter=adapter), ""
+    except (ValueError, OSError) as exc:  # receipt writes are not atomic (spec §2.9)
+        receipt, receipt_error = None, f"the receipt could not be read ({type(exc).__name__}: {exc})"
+    context = {
+        "adapter": adapter,
+        "receipt": training_fragments.receipt_view(receipt),
+        "receipt_error": receipt_error,
+    }
+    return render(request, "ui/adapters_detail.html", context)
 
 
 @login_required

@@ -101,8 +101,9 @@ def test_category_pages_list_only_their_jobs_and_explain_how_work_arrives(operat
     training = services.job_submit(kind="test.steps", payload={}, user=operator)
     openenv = services.job_submit(kind="test.control_steps", payload={}, user=operator)
     grpo = operator_client.get("/ui/training/grpo/").content.decode()
-    assert f"job-row-{training.uuid}" in grpo and f"job-row-{openenv.uuid}" not in grpo
-    assert 'ws-connect="/ws/ui/jobs/?category=training"' in grpo
+    # The GRPO page lists its own queue of training.grpo jobs (tests/ui/test_training_pages.py).
+    assert f"{training.uuid}" not in grpo and f"{openenv.uuid}" not in grpo
+    assert 'ws-connect="/ws/ui/training/queue/"' in grpo and "No GRPO training is running." in grpo
     assert "/v1/train/grpo" in grpo
     env = operator_client.get("/ui/training/openenv/").content.decode()
     assert f"job-row-{openenv.uuid}" in env and f"job-row-{training.uuid}" not in env

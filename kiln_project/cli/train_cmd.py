@@ -1,0 +1,134 @@
+"""`kiln train grpo|status|cancel`: submit GRPO training from a file, follow it, cancel it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from kiln_project.cli.client import CliError, KilnClient
+from kiln_project.cli.output import ProgressBar, print_json, print_table
+
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+def add_parser(subparsers, common) -> None:
+    train = subparsers.add_parser("train", help="GRPO training")
+    sub = train.add_subparsers(dest="train_command", required=True)
+    grpo = sub.add_parser("grpo", parents=[common], help="submit GRPO training from a JSON or JSONL file")
+    grpo.add_argument("--file", required=True, type=Path,
+                      help="JSONL (one group per line) or one JSON request/batch")
+    grpo.add_argument("--adapter", help="output adapter name (config.output_name)")
+    grpo.add_argument("--lora-rank", type=int)
+    grpo.add_argument("--checkpoint-interval", type=int)
+    grpo.add_argument("--resume-checkpoint")
+    grpo.add_argument("--no-shared-prefix-reference", action="store_true")
+    grpo.add_argument("--follow", action="store_true", help="wait for a terminal state with a progress bar")
+    status = sub.add_parser("status", parents=[common], help="training jobs, or one job")
+    status.add_argument("--job-id")
+    status.add_argument("--follow", action="store_true")
+    cancel = sub.add_parser("cancel", parents=[common], help="cancel a queued or running training job")
+    cancel.add_argument("--job-id", required=True)
+    train.set_defaults(handler=run)
+
+
+def load_request(path: Path) -> dict:
+    """A JSON object with groups/config is a request; a JSON list or JSONL lines are groups."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CliError("file_unreadable", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict) and any(k in whole for k in ("groups", "agentic_groups", "dataset_path", "dataset")):
+        return whole
+    if isinstance(whole, dict):
+        return {"groups": [whole]}
+    if isinstance(whole, list):
+        return {"groups": whole}
+    groups = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                groups.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise CliError("invalid_jsonl", f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    if not groups:
+        raise CliError("invalid_jsonl", f"{path} holds no groups")
+    return {"groups": groups}
+
+
+def build_request(args) -> dict:
+    body = load_request(args.file)
+    config = dict(body.get("config") or {})
+    # The convenience command keeps the default behavior policy (no importance correction) unless the
+    # request file chose one: recorded-policy corpora need an explicit config.behavior_policy.
+    config.setdefault("behavior_policy", "no_importance_correction")
+    overrides = {"output_name": args.adapter, "lora_rank": args.lora_rank,
+                 "checkpoint_interval": args.checkpoint_interval, "resume_checkpoint": args.resume_checkpoint}
+    config.update({k: v for k, v in overrides.items() if v is not None})
+    if args.no_shared_prefix_reference:
+        config["shared_prefix_reference"] = False
+    return {**body, "config": config}
+
+
+def follow(client: KilnClient, job_id: str) -> dict:
+    bar = ProgressBar()
+    try:
+        while True:
+            status = client.get(f"/v1/train/status/{job_id}")
+            loss = status.get("current_loss")
+            label = status["state"] + (f" loss {loss:.4f}" if isinstance(loss, int | float) else "")
+            bar.update(status["progress"], label)
+            if status["state"] in TERMINAL:
+                return status
+            time.sleep(0.5)
+    finally:
+        bar.close()
+
+
+def _final(status: dict, as_json: bool) -> int:
+    if as_json:
+        print_json(status)
+    else:
+        print(f"{status['job_id']}  {status['state']}  adapter {status.get('adapter_name')}")
+    if status["state"] != "completed":
+        error = status.get("error") or {}
+        raise CliError(error.get("code", f"job_{status['state']}"), error.get("message", status["state"]))
+    return 0
+
+
+def run(args) -> int:
+    client = KilnClient(args.url)
+    if args.train_command == "grpo":
+        response = client.post("/v1/train/grpo", json=build_request(args))
+        if args.follow:
+            return _final(follow(client, response["job_id"]), args.json)
+        if args.json:
+            print_json(response)
+        else:
+            print(f"queued {response['job_id']} (effective seed {response['effective_seed']})")
+        return 0
+    if args.train_command == "cancel":
+        response = client.delete(f"/v1/train/queue/{args.job_id}")
+        print_json(response) if args.json else print(f"{response['status']} {response['job_id']}")
+        return 0
+    if args.job_id:
+        if args.follow:
+            return _final(follow(client, args.job_id), args.json)
+        status = client.get(f"/v1/train/status/{args.job_id}")
+        if args.json:
+            print_json(status)
+        else:
+            for key in ("job_id", "state", "progress", "current_loss", "adapter_name", "elapsed_secs", "error"):
+                print(f"{key:14} {status.get(key)}")
+        return 0
+    statuses = client.get("/v1/train/status")
+    if args.json:
+        print_json(statuses)
+    else:
+        print_table([{**s, "progress": f"{s['progress'] * 100:.0f}%"} for s in statuses],
+                    ["job_id", "state", "progress", "current_loss", "adapter_name"])
+    return 0

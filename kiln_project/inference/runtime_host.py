@@ -1,0 +1,194 @@
+"""The GPU worker's resident model: loaded once at boot, sampled by one runner thread.
+
+Runs only in the GPU worker process (it imports torch through gpu_runtime). `infer` actor threads
+call handle_chat_completion(), which submits one sampler request per choice and turns the results
+into an OpenAI-shaped response. The load status goes into the worker heartbeat so /health and the
+web process can answer "model unavailable, and why" without importing torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+from django.conf import settings
+
+from kiln_project.errors import KilnError
+from kiln_project.jobs.worker_state import beat, set_worker_status
+
+log = logging.getLogger(__name__)
+
+# SampleRequestError codes -> HTTP status the web process answers with.
+_STATUS = {"invalid_request": 400, "context_length_exceeded": 400, "adapter_not_found": 404,
+           "adapter_load_failed": 500, "sampler_stopped": 503, "generation_failed": 500}
+
+
+class ModelHost:
+    def __init__(self):
+        self.loaded = None
+        self.sampler = None
+        self.error: KilnError | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._load_and_run, name="kiln-model-host", daemon=True).start()
+
+    def _load_and_run(self) -> None:
+        from adapters.selectors import adapter_published_path
+        from gpu_runtime.model_loading import ModelLoadError, load_model
+        from gpu_runtime.sampler import Sampler
+
+        set_worker_status(model={"loaded": False, "loading": True, "path": str(settings.KILN.model_path or "")})
+        try:
+            self.loaded = load_model(settings.KILN.model_path)
+        except ModelLoadError as exc:
+            self.error = KilnError("model_unavailable", f"{exc.code}: {exc.message}", status=503)
+            set_worker_status(model={"loaded": False, "code": exc.code, "error": exc.message})
+            log.warning("model not loaded: %s", exc)
+        else:
+            self.sampler = Sampler(self.loaded, lambda name: adapter_published_path(name=name))
+            set_worker_status(model={"loaded": True, "served_model_id": self.loaded.served_model_id,
+                                     "device": str(self.loaded.device), "dtype": str(self.loaded.dtype),
+                                     "identity": self.loaded.identity})
+            log.info("model %s loaded on %s", self.loaded.served_model_id, self.loaded.device)
+        finally:
+            self._ready.set()
+            _safe_beat()
+        if self.sampler is not None:
+            self.sampler.run_forever(self._stop)
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        if not self._ready.wait(timeout):
+            raise KilnError("model_loading", "the model is still loading", status=503, hint="retry shortly")
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _safe_beat() -> None:
+    try:
+        beat()
+    except Exception as exc:  # noqa: BLE001 - the heartbeat thread will publish it a few seconds later
+        log.warning("could not publish model status: %s", exc)
+
+
+_host: ModelHost | None = None
+_host_lock = threading.Lock()
+
+
+def start_model_host() -> ModelHost:
+    global _host
+    with _host_lock:
+        if _host is None:
+            _host = ModelHost()
+            _host.start()
+    return _host
+
+
+def stop_model_host() -> None:
+    if _host is not None:
+        _host.stop()
+
+
+def _sample_requests(body, *, seed_base: int | None):
+    from gpu_runtime.sample_types import SampleRequest
+    from gpu_runtime.sampling import SamplingParams
+
+    params = SamplingParams(
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+        max_tokens=body.effective_max_tokens or 256, repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty, stop=tuple(body.stop),
+    )
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    return messages, [
+        SampleRequest(messages=messages, sampling=params, adapter=body.adapter_name,
+                      seed=None if seed_base is None else seed_base + index,
+                      enable_thinking=body.chat_template_kwargs.enable_thinking,
+                      thinking_budget_tokens=body.thinking_budget_tokens)
+        for index in range(body.n)
+    ]
+
+
+def _choice(index: int, result, *, messages, with_provenance: bool) -> dict:
+    from gpu_runtime.provenance import build_rollout_provenance
+
+    message = {"role": "assistant", "content": result.content}
+    if result.reasoning_content is not None:
+        message["reasoning_content"] = result.reasoning_content
+    choice = {"index": index, "message": message, "finish_reason": result.finish_reason, "logprobs": None,
+              "seed": str(result.seed), "adapter": result.adapter}
+    if with_provenance:
+        choice["rollout_provenance"] = build_rollout_provenance(result, prompt_messages=messages,
+                                                                text=result.text)
+    return choice
+
+
+def chat_completion(body) -> dict:
+    """Run one validated ChatCompletionRequest to an OpenAI chat.completion object."""
+    from gpu_runtime.sample_types import SampleRequestError
+
+    host = start_model_host()
+    host.wait_ready()
+    messages, requests = _sample_requests(body, seed_base=body.seed)
+    handles = [host.sampler.submit(request) for request in requests]
+    try:
+        results = [handle.result(timeout=600) for handle in handles]
+    except SampleRequestError as exc:
+        for handle in handles:
+            handle.cancel()
+        raise KilnError(exc.code, exc.message, status=_STATUS.get(exc.code, 500)) from None
+    choices = [_choice(i, r, messages=messages, with_provenance=body.rollout_provenance) for i, r in enumerate(results)]
+    usage = {key: sum(r.usage.get(key, 0) for r in results)
+             for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    usage["prompt_tokens"] = results[0].usage.get("prompt_tokens", 0)  # one prompt, shared by every choice
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.model, "choices": choices, "usage": usage,
+            "system_fingerprint": host.loaded.identity.get("inference_config_sha256")}
+
+
+def _stream_chunks(response: dict) -> list[dict]:
+    """The response as OpenAI chat.completion.chunk events: role, reasoning, content, finish, usage."""
+    base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
+            "model": response["model"]}
+    chunks = []
+    for choice in response["choices"]:
+        index, message = choice["index"], choice["message"]
+        chunks.append({**base, "choices": [{"index": index, "delta": {"role": "assistant"}, "finish_reason": None}]})
+        if message.get("reasoning_content"):
+            chunks.append({**base, "choices": [{"index": index, "delta": {"reasoning_content": message["reasoning_content"]},
+                                                "finish_reason": None}]})
+        chunks.append({**base, "choices": [{"index": index, "delta": {"content": message["content"]},
+                                            "finish_reason": None}]})
+        final = {"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}
+        if "rollout_provenance" in choice:
+            final["rollout_provenance"] = choice["rollout_provenance"]
+        chunks.append({**base, "choices": [final]})
+    chunks.append({**base, "choices": [], "usage": response["usage"]})
+    return chunks
+
+
+def handle_chat_completion(raw_body: dict, emit) -> None:
+    """The `infer` actor's work: always ends with exactly one `done` or `error` event."""
+    from kiln_project.inference.schemas import ChatCompletionRequest
+
+    try:
+        body = ChatCompletionRequest.model_validate(raw_body)
+        response = chat_completion(body)
+    except KilnError as exc:
+        emit({"type": "error", "code": exc.code, "message": exc.message, "hint": exc.hint, "status": exc.status})
+        return
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, logged here
+        log.exception("chat completion failed")
+        emit({"type": "error", "code": "inference_failed", "message": f"{type(exc).__name__}: {exc}"[:500],
+              "status": 500})
+        return
+    if raw_body.get("stream"):
+        emit({"type": "done", "final_chunks": _stream_chunks(response)})
+    else:
+        emit({"type": "done", "response": response})

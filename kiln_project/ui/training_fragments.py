@@ -1,0 +1,145 @@
+"""Training markup shared by pages and live consumers: the GRPO queue and a training job's section.
+
+Reads go through training.selectors and adapters.selectors only; nothing here decides anything
+about training. The job page and JobDetailConsumer both render the section through
+fragments.job_detail_context, and the GRPO page and TrainingQueueConsumer both render the queue
+through queue_context, so a page and its live updates share one markup.
+Web-facing: never imports torch, transformers, peft, gpu_runtime or training.services.
+"""
+
+from __future__ import annotations
+
+from django.template.loader import render_to_string
+
+from adapters import selectors as adapter_selectors
+from kiln_project.ui.sparkline import sparkline
+from training import selectors
+
+QUEUE = "ui/training/queue.html"
+# (id, label, metrics history key, value key inside each history entry)
+CURVES = (
+    ("loss", "Loss", "loss_history", "loss"),
+    ("reward", "Reward (mean)", "reward_history", "reward_mean"),
+    ("kl", "KL (mean)", "kl_history", "kl_mean"),
+)
+HISTORY_KEYS = frozenset(history for _, _, history, _ in CURVES)
+# Receipt blocks shown as facts, in this order: (key in the receipt, heading).
+RECEIPT_FACT_BLOCKS = (
+    ("data", "Data"),
+    ("rewards", "Rewards"),
+    ("token_counts", "Token counts"),
+    ("hyperparameters", "Hyperparameters"),
+)
+POLICY_AUDIT_BLOCKS = (
+    ("importance_sampling", "Importance sampling (vs the behavior policy)"),
+    ("kl_reference", "KL reference (before kl_coeff)"),
+    ("recorded_provenance", "Recorded provenance"),
+)
+
+
+def is_training_job(job) -> bool:
+    return job.kind in selectors.TRAINING_KINDS
+
+
+def metrics_without_histories(job) -> dict:
+    """A training job's scalar metrics: its histories are drawn as curves, not dumped as JSON."""
+    return {name: value for name, value in (job.metrics or {}).items() if name not in HISTORY_KEYS}
+
+
+def _detail(job) -> tuple[dict, str]:
+    """The selector's detail, or (if the receipt file cannot be read yet) the status without it.
+
+    Receipt writes are not atomic (spec §2.9): a page that catches one half-written must still render.
+    """
+    try:
+        return selectors.training_detail(job), ""
+    except (ValueError, OSError) as exc:
+        metrics = job.metrics or {}
+        detail = {**selectors.training_status(job), "adapter_path": job.result.get("adapter_path"),
+                  "effective_config": job.payload.get("config"), "train_receipt": None,
+                  **{history: metrics.get(history, []) for history in HISTORY_KEYS}}
+        return detail, f"the training receipt could not be read yet ({type(exc).__name__}: {exc})"
+
+
+def _timing_bars(receipt: dict) -> list[dict]:
+    timings = receipt.get("phase_timings")
+    if not isinstance(timings, dict):
+        return []
+    rows = [(name, value) for name, value in timings.items()
+            if name.endswith("_ms") and isinstance(value, int | float) and not isinstance(value, bool)]
+    top = max((value for _, value in rows), default=0) or 1
+    bars = [{"name": name.removesuffix("_ms"), "ms": value, "pct": max(0.5, 100 * value / top)}
+            for name, value in rows]
+    others = {name: value for name, value in timings.items() if (name, value) not in rows}
+    return bars + [{"name": name, "value": value} for name, value in others.items()]
+
+
+def receipt_view(receipt) -> dict | None:
+    """The blocks of a train_receipt.json that the pages show, or None without a receipt."""
+    if not isinstance(receipt, dict):
+        return None
+    grpo = receipt.get("grpo") if isinstance(receipt.get("grpo"), dict) else {}
+    audit = grpo.get("policy_audit") if isinstance(grpo.get("policy_audit"), dict) else None
+    runtime = receipt.get("runtime") if isinstance(receipt.get("runtime"), dict) else {}
+    histogram = (receipt.get("rewards") or {}).get("group_variance_histogram") \
+        if isinstance(receipt.get("rewards"), dict) else None
+    histogram = [row for row in histogram if isinstance(row, dict)] if isinstance(histogram, list) else []
+    top = max((row.get("count") or 0 for row in histogram), default=0) or 1
+    return {
+        "raw": receipt,
+        "status": receipt.get("status"),
+        "failure_reason": receipt.get("failure_reason"),
+        "failure_message": receipt.get("failure_message"),
+        "produced_at": receipt.get("produced_at"),
+        "receipt_type": receipt.get("receipt_type"),
+        "schema_version": receipt.get("schema_version"),
+        "policy_audit": [(title, audit.get(key)) for key, title in POLICY_AUDIT_BLOCKS
+                         if isinstance(audit.get(key), dict)] if audit else [],
+        "policy_audit_schema": audit.get("schema") if audit else None,
+        "grpo": {k: v for k, v in grpo.items() if k != "policy_audit"},
+        "timings": _timing_bars(receipt),
+        "wall_clock_ms": runtime.get("wall_clock_ms"),
+        "peak_vram_mib": runtime.get("peak_vram_mib"),
+        "fact_blocks": [(title, {k: v for k, v in receipt[key].items() if k != "group_variance_histogram"})
+                        for key, title in RECEIPT_FACT_BLOCKS if isinstance(receipt.get(key), dict)],
+        "histogram": [{**row, "pct": 100 * (row.get("count") or 0) / top} for row in histogram],
+    }
+
+
+def training_section(job) -> dict:
+    """Everything the training part of a job page shows (curves, filter stats, adapter, receipt)."""
+    detail, receipt_error = _detail(job)
+    metrics = job.metrics or {}
+    curves = [{"id": name, "label": label, "line": sparkline(detail.get(history) or metrics.get(history), key)}
+              for name, label, history, key in CURVES]
+    name = detail.get("adapter_name")
+    adapter = adapter_selectors.adapter_get(name=name) if name else None
+    config = detail.get("effective_config") or {}
+    kept, filtered = metrics.get("kept_groups"), metrics.get("filtered_groups")
+    seen = (kept or 0) + (filtered or 0) if isinstance(kept, int) and isinstance(filtered, int) else None
+    return {
+        "detail": detail,
+        "curves": curves,
+        "loss": metrics.get("loss", detail.get("current_loss")),
+        "step": metrics.get("step"),
+        "total_steps": metrics.get("total_steps"),
+        "kept_groups": kept,
+        "filtered_groups": filtered,
+        "kept_pct": round(100 * kept / seen) if seen else None,
+        "config": config,
+        "adapter": adapter,
+        "adapter_name": name,
+        "receipt": receipt_view(detail.get("train_receipt")),
+        "receipt_error": receipt_error,
+        "receipt_url": f"/v1/adapters/{name}/receipt" if name else None,
+    }
+
+
+def queue_context() -> dict:
+    """The GRPO training queue: the running job, queued jobs with positions, recently finished."""
+    return {"queue": selectors.training_queue()}
+
+
+def render_queue(*, live: bool = True) -> str:
+    """The whole queue block as a live snapshot: it replaces the page's #training-queue."""
+    return render_to_string(f"{QUEUE}#training_queue", {**queue_context(), "queue_oob": True, "live": live})

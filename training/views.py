@@ -1,0 +1,153 @@
+"""Dashboard page Training → GRPO (/ui/training/grpo/): the submission form and the training queue.
+
+The view only turns the HTML form into the request body that POST /v1/train/grpo takes (an uploaded
+JSONL file becomes `groups`, the advanced JSON is merged into `config`) and hands it to
+training.services.grpo_submit, which decides everything; a KilnError is shown next to the field it
+names, and nothing is queued. Reads go through selectors (kiln_project/ui/training_fragments.py).
+Web-facing: never imports torch, transformers, peft or gpu_runtime (only training.services does,
+for the torch-free request contract).
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+
+from adapters.models import AdapterState
+from adapters.selectors import adapter_list
+from kiln_project.errors import KilnError
+from kiln_project.ui import training_fragments
+from training.groups import MAX_CORPUS_BYTES
+from training.services import grpo_submit
+
+ROUTE = "/ui/training/grpo/"
+BEHAVIOR_POLICIES = (
+    ("no_importance_correction", "no_importance_correction: ratio fixed at 1 (any scored groups)"),
+    ("recorded", "recorded: importance-corrected (needs provenance on every rollout)"),
+)
+TEXT_FIELDS = ("dataset_path", "output_name", "behavior_policy", "base_adapter", "lora_rank",
+               "learning_rate", "kl_coeff", "checkpoint_interval", "seed", "advanced_config")
+INT_FIELDS = ("lora_rank", "checkpoint_interval")
+FLOAT_FIELDS = ("learning_rate", "kl_coeff")
+# config.<name> errors are shown next to these form fields; other config fields next to the JSON.
+CONFIG_FIELDS = ("output_name", "behavior_policy", "base_adapter", "lora_rank", "learning_rate", "kl_coeff",
+                 "checkpoint_interval", "auto_load", "seed")
+PERMISSION_TEXT = ("You lack the submit_job permission, so you cannot start training. "
+                   "An administrator can grant it in /admin/ (Users → permissions).")
+
+
+def _form_error(message: str, field: str) -> KilnError:
+    return KilnError("training_invalid_request", message, status=400, field=field)
+
+
+def _number(raw: str, kind):
+    """Form text to the JSON number the API takes; text that is no number goes on as given, so the
+    service's validation answers it with the field's name."""
+    try:
+        return kind(raw)
+    except ValueError:
+        return raw
+
+
+def _groups_from_upload(upload) -> list:
+    """One group per non-blank line of the uploaded JSONL (the service validates each group)."""
+    if upload.size > MAX_CORPUS_BYTES:
+        raise _form_error(f"jsonl_file: the file is larger than {MAX_CORPUS_BYTES} bytes", "jsonl_file")
+    groups = []
+    for number, line in enumerate(upload, start=1):
+        if not line.strip():
+            continue
+        try:
+            groups.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _form_error(f"jsonl_file: line {number} is not valid JSON ({exc})", "jsonl_file") from None
+    return groups
+
+
+def _request_body(values: dict, files) -> dict:
+    """The POST /v1/train/grpo body this form describes."""
+    config: dict = {}
+    if values["advanced_config"].strip():
+        try:
+            config = json.loads(values["advanced_config"])
+        except json.JSONDecodeError as exc:
+            raise _form_error(f"config (advanced JSON): not valid JSON ({exc})", "advanced_config") from None
+        if not isinstance(config, dict):
+            raise _form_error("config (advanced JSON): must be a JSON object such as {\"is_level\": \"sequence\"}",
+                              "advanced_config")
+    # The fields above the JSON win over the same keys inside it; blank fields keep the defaults.
+    for name in ("output_name", "behavior_policy", "base_adapter", "seed"):
+        if values[name].strip():
+            config[name] = values[name].strip()
+    for name in INT_FIELDS:
+        if values[name].strip():
+            config[name] = _number(values[name].strip(), int)
+    for name in FLOAT_FIELDS:
+        if values[name].strip():
+            config[name] = _number(values[name].strip(), float)
+    config["auto_load"] = values["auto_load"]
+    body: dict = {"config": config}
+    upload = files.get("jsonl_file")
+    if upload is not None:
+        body["groups"] = _groups_from_upload(upload)
+    if values["dataset_path"].strip():
+        body["dataset_path"] = values["dataset_path"].strip()
+    return body
+
+
+def error_field(error: KilnError) -> str:
+    """The form field an error belongs next to ("" for the form as a whole)."""
+    field = error.field or ""
+    if error.code in ("invalid_adapter_name", "adapter_revision_conflict") or error.message.startswith("output_name:"):
+        return "output_name"
+    if field in ("source", "dataset_split"):
+        return "source"
+    if field.startswith(("groups", "agentic_groups", "rollouts", "jsonl_file")):
+        return "jsonl_file"
+    if field.startswith("dataset_path"):
+        return "dataset_path"
+    if field == "advanced_config":
+        return field
+    if field.startswith("config"):
+        name = field.removeprefix("config").lstrip(".").split(".")[0].split("[")[0]
+        return name if name in CONFIG_FIELDS else "advanced_config"
+    return ""
+
+
+def _published_adapters():
+    return [adapter for adapter in adapter_list() if adapter.state == AdapterState.PUBLISHED]
+
+
+def _render(request, *, values: dict, error: KilnError | None = None, forbidden: str = "", status: int = 200):
+    context = {
+        "values": values,
+        "error": error,
+        "error_field": error_field(error) if error else "",
+        "forbidden": forbidden,
+        "behavior_policies": BEHAVIOR_POLICIES,
+        "base_adapters": _published_adapters(),
+        "can_submit": request.user.has_perm("jobs.submit_job"),
+        **training_fragments.queue_context(),
+    }
+    return render(request, "ui/training_grpo.html", context, status=status)
+
+
+def _blank_values() -> dict:
+    return {**{name: "" for name in TEXT_FIELDS}, "behavior_policy": "no_importance_correction", "auto_load": True}
+
+
+@login_required
+def grpo_page(request):
+    if request.method != "POST":
+        return _render(request, values=_blank_values())
+    values = {**{name: request.POST.get(name, "") for name in TEXT_FIELDS},
+              "auto_load": request.POST.get("auto_load") in ("on", "true", "1")}
+    if not request.user.has_perm("jobs.submit_job"):
+        return _render(request, values=values, forbidden=PERMISSION_TEXT, status=403)
+    try:
+        job, _seed = grpo_submit(body=_request_body(values, request.FILES), user=request.user, route=ROUTE)
+    except KilnError as exc:
+        return _render(request, values=values, error=exc, status=exc.status)
+    return redirect("ui:job_detail", job_id=job.uuid)
