@@ -84,16 +84,18 @@ def health_report() -> tuple[int, dict]:
     worker_model = gpu_status.get("model")
     if worker_model is not None:
         model["worker"] = worker_model
-    training_ready = model["loadable"] and "gpu" in workers["queues_served"] and (
-        worker_model is None or worker_model.get("loaded", False)
-    )
+    training_ready = model["loadable"] and "gpu" in workers["queues_served"] and bool(
+        worker_model and worker_model.get("loaded"))
     reasons = []
     if not model["loadable"]:
         reasons.append(model["reason"])
     if "gpu" not in workers["queues_served"]:
         reasons.append("no GPU worker is running (kiln serve starts one; or kiln worker --queues gpu,infer)")
-    if worker_model is not None and not worker_model.get("loaded", False):
-        reasons.append(f"the GPU worker could not load the model: {worker_model.get('error', 'unknown error')}")
+    if "gpu" in workers["queues_served"] and not (worker_model and worker_model.get("loaded")):
+        if worker_model and worker_model.get("error"):
+            reasons.append(f"the GPU worker could not load the model: {worker_model['error']}")
+        else:
+            reasons.append("the GPU worker is still loading the model")
     serving = settings.KILN.serving_profile
     ok = database["ok"] and broker["ok"]
     body = {

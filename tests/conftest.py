@@ -26,3 +26,11 @@ def stack_factory(tmp_path):
 @pytest.fixture
 def stack(stack_factory) -> Stack:
     return stack_factory()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir():
+    """A tiny model built by the real create-tiny recipe (cached across runs; see tests/support/tiny_cache.py)."""
+    from tests.support.tiny_cache import cached_tiny_model
+
+    return cached_tiny_model()[0]

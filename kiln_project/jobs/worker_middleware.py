@@ -9,9 +9,11 @@ from dramatiq.middleware import Middleware
 
 class KilnWorkerMiddleware(Middleware):
     def after_worker_boot(self, broker, worker):
-        from kiln_project.jobs.worker_state import start_worker
+        from kiln_project.jobs.worker_state import set_worker_status, start_worker
 
         queues = [q for q in os.environ.get("KILN_WORKER_QUEUES", "gpu,control").split(",") if q]
+        if "infer" in queues:
+            set_worker_status(model={"loaded": False, "loading": True})
         start_worker(queues)
         if "infer" in queues:
             # The GPU worker keeps the model resident; loading runs in the background and its

@@ -1,0 +1,139 @@
+"""The official `openai` client against a running Kiln with the tiny model (GPU worker, Redis, daphne)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import openai
+import pytest
+import torch
+
+from tests.support.stack import wait_until
+
+pytestmark = pytest.mark.integration
+
+ARITHMETIC = [{"role": "user", "content": "What is 12 + 7? Reply with just the number."}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_model_dir):
+    from tests.support.stack import Stack
+
+    stack = Stack(tmp_path_factory.mktemp("inference") / "home", extra_env={"KILN_MODEL_PATH": str(tiny_model_dir)})
+    try:
+        stack.start_web()
+        token = stack.create_user("inference-user")
+        stack.start_worker("gpu-worker", "gpu,infer", threads=8)
+        wait_until(lambda: stack.health()["training_backend"]["ready"], 120, what="the model to load")
+        client = openai.OpenAI(base_url=stack.url + "/v1", api_key=token, max_retries=0, timeout=120)
+        yield stack, client
+    finally:
+        print(stack.log_tail())
+        stack.stop()
+
+
+def _ask(client, seed: int, **extra):
+    body = dict(model="kiln-tiny", messages=ARITHMETIC, temperature=0.9, max_tokens=12, seed=seed)
+    body.update(extra)
+    kiln_fields = {k: body.pop(k) for k in ("adapter", "chat_template_kwargs", "rollout_provenance") if k in body}
+    return client.chat.completions.create(**body, extra_body=kiln_fields)
+
+
+def test_non_streaming_completion_with_usage_and_models(served):
+    stack, client = served
+    response = _ask(client, seed=5, chat_template_kwargs={"enable_thinking": False})
+    choice = response.choices[0]
+    assert response.object == "chat.completion" and response.model == "kiln-tiny"
+    assert isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
+    assert response.usage.completion_tokens >= 1
+    models = client.models.list()
+    assert [m.id for m in models.data] == [stack.env["KILN_MODEL_PATH"].rsplit("/", 1)[1]]
+
+
+def test_streaming_gives_the_same_text_as_non_streaming(served):
+    _, client = served
+    whole = _ask(client, seed=11)
+    stream = _ask(client, seed=11, stream=True)
+    content, reasoning, finish = "", "", None
+    for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            reasoning += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+            finish = choice.finish_reason or finish
+    assert content == whole.choices[0].message.content
+    assert reasoning == (whole.choices[0].message.model_extra.get("reasoning_content") or "")
+    assert finish == whole.choices[0].finish_reason
+
+
+def test_same_seed_same_tokens_with_other_requests_in_flight(served):
+    _, client = served
+    alone = _ask(client, seed=1234, max_tokens=24).choices[0].message.content
+    results: dict[int, str] = {}
+
+    def ask(seed):
+        results[seed] = _ask(client, seed=seed, max_tokens=24).choices[0].message.content
+
+    threads = [threading.Thread(target=ask, args=(seed,)) for seed in (1234, 1, 2, 3, 4, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert results[1234] == alone
+    assert len(set(results.values())) > 1  # other seeds really sampled something else
+
+
+def test_provenance_records_validate_and_logprobs_match_a_fresh_forward_pass(served, tiny_model_dir):
+    from gpu_runtime.model_loading import load_model
+    from gpu_runtime.provenance import prompt_messages_sha256, validate_rollout_provenance
+
+    _, client = served
+    response = _ask(client, seed=21, n=2, temperature=1.0, rollout_provenance=True,
+                    chat_template_kwargs={"enable_thinking": False})
+    loaded = load_model(tiny_model_dir)
+    for choice in response.choices:
+        record = choice.model_extra["rollout_provenance"]
+        validate_rollout_provenance(record)
+        assert record["prompt_messages_sha256"] == prompt_messages_sha256(ARITHMETIC)
+        assert record["sampling"]["temperature"] == 1.0
+        ids = record["input_token_ids"]
+        with torch.inference_mode():
+            logits = loaded.model(input_ids=torch.tensor([ids])).logits[0].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        for action in record["action_tokens"]:
+            if action["source"] == "sampled":
+                expected = logprobs[action["sequence_index"] - 1, action["token_id"]].item()
+                assert action["behavior_logprob"] == pytest.approx(expected, abs=1e-4)
+    assert response.choices[0].model_extra["seed"] != response.choices[1].model_extra["seed"]
+
+
+def test_adapter_selection_changes_outputs_and_unknown_adapter_is_404(served, tiny_model_dir):
+    stack, client = served
+    stack.run([sys.executable, "-m", "tests.support.make_adapter", "noisy", str(tiny_model_dir), "3"])
+    base = _ask(client, seed=8, temperature=0.0, max_tokens=16, adapter="base")
+    tuned = _ask(client, seed=8, temperature=0.0, max_tokens=16, adapter="noisy")
+    assert tuned.choices[0].model_extra["adapter"]["name"] == "noisy"
+    assert base.choices[0].model_extra["adapter"] is None
+    assert tuned.choices[0].message.content != base.choices[0].message.content
+    with pytest.raises(openai.NotFoundError) as info:
+        _ask(client, seed=8, adapter="never-published")
+    assert info.value.body["code"] == "adapter_not_found"
+
+
+def test_caps_and_bad_requests_answer_clear_codes(served):
+    _, client = served
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(client, seed=1, n=64)
+    assert info.value.body["code"] == "n_too_large"
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(client, seed=1, max_tokens=100000)
+    assert info.value.body["code"] == "max_tokens_too_large"
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        client.chat.completions.create(model="x", messages=[{"role": "wizard", "content": "hi"}])
+    assert info.value.body["code"] == "validation_error"
+    long_prompt = [{"role": "user", "content": "7 + " * 5000}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="x", messages=long_prompt, max_tokens=4)
+    assert info.value.body["code"] == "context_length_exceeded"

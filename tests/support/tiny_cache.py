@@ -1,0 +1,47 @@
+"""One tiny model per recipe, shared by every test module and kept between runs.
+
+Building the tiny model with the real recipe takes minutes on 2 cores, so the suite builds it once
+into a cache keyed by the recipe's source code, seed and step count (and the torch version), and
+every test that needs "a warmed tiny model" reuses it. Tests of create-tiny itself (determinism)
+build small ones of their own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE_SOURCES = ("gpu_runtime/tiny_model.py", "gpu_runtime/tiny_tasks.py", "gpu_runtime/chat_template.py",
+                  "gpu_runtime/identity.py")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KILN_TEST_MODEL_CACHE", Path.home() / ".cache" / "kiln-test-models"))
+
+
+def recipe_key(seed: int, warm_steps: int) -> str:
+    import torch
+
+    digest = hashlib.sha256(f"{seed}:{warm_steps}:{torch.__version__}".encode())
+    for source in RECIPE_SOURCES:
+        digest.update((REPO / source).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cached_tiny_model(*, seed: int = 0, warm_steps: int | None = None) -> tuple[Path, dict]:
+    """(path, recipe summary) of a tiny model built by create_tiny_model, built at most once."""
+    from gpu_runtime.tiny_model import DEFAULT_WARM_STEPS, RECIPE_FILE, create_tiny_model
+
+    steps = DEFAULT_WARM_STEPS if warm_steps is None else warm_steps
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"tiny-seed{seed}-steps{steps}-{recipe_key(seed, steps)}"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be building the same model
+        if not (path / RECIPE_FILE).is_file():
+            create_tiny_model(path, seed=seed, warm_steps=steps)
+    return path, json.loads((path / RECIPE_FILE).read_text())
