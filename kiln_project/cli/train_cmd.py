@@ -68,6 +68,10 @@ def build_request(args) -> dict:
     config.setdefault("behavior_policy", "no_importance_correction")
     overrides = {"output_name": args.adapter, "lora_rank": args.lora_rank,
                  "checkpoint_interval": args.checkpoint_interval, "resume_checkpoint": args.resume_checkpoint}
+    if args.lora_rank is not None and "lora_alpha" not in config:
+        # Keep the default alpha/rank ratio (2) rather than the default alpha, which the server's
+        # LoRA scale limit would refuse for small ranks.
+        config["lora_alpha"] = 2 * args.lora_rank
     config.update({k: v for k, v in overrides.items() if v is not None})
     if args.no_shared_prefix_reference:
         config["shared_prefix_reference"] = False

@@ -58,7 +58,21 @@ class ModelHost:
             self._ready.set()
             _safe_beat()
         if self.sampler is not None:
-            self.sampler.run_forever(self._stop)
+            self._run_sampler()
+
+    def _run_sampler(self) -> None:
+        """Step the sampler under the GPU writer lock, so training groups and decoding interleave."""
+        from gpu_runtime.sample_types import SampleRequestError
+        from gpu_runtime.writer_lock import gpu_writer
+
+        try:
+            while not self._stop.is_set():
+                with gpu_writer():
+                    worked = self.sampler.step()
+                if not worked:
+                    self._stop.wait(0.005)
+        finally:
+            self.sampler.fail_all(SampleRequestError("sampler_stopped", "the GPU worker is shutting down"))
 
     def wait_ready(self, timeout: float = 600) -> None:
         if not self._ready.wait(timeout):

@@ -1,0 +1,101 @@
+"""The `training.grpo` job handler. Runs in the GPU worker (it imports torch via gpu_runtime).
+
+It reads the pinned snapshot, runs gpu_runtime's GRPO loop with the job's callbacks, publishes
+the adapter in the registry, and returns what GET /v1/train/jobs/{id} shows. Progress goes into
+job.metrics (scalars plus loss/reward/KL histories for the live curves).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from django.conf import settings
+
+from adapters.selectors import adapter_published_path
+from adapters.services import adapter_publish, adapters_root
+from kiln_project.errors import KilnError
+from kiln_project.jobs.runner import JobCancelled
+
+HISTORY_KEYS = {"loss": "loss_history", "reward_mean": "reward_history", "kl_mean": "kl_history"}
+
+
+def _finite(value):
+    """JSON columns refuse NaN/Infinity: a non-finite figure is stored as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class ProgressRecorder:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.metrics: dict = {name: [] for name in HISTORY_KEYS.values()}
+
+    def __call__(self, figures: dict) -> None:
+        step = figures.get("step")
+        for key, history in HISTORY_KEYS.items():
+            if key in figures:
+                self.metrics[history].append({"step": step, key: _finite(figures[key])})
+        scalars = {k: _finite(v) for k, v in figures.items() if isinstance(v, int | float | str | type(None))}
+        self.metrics.update(scalars)
+        message = f"step {step}/{figures.get('total_steps')}"
+        if isinstance(scalars.get("loss"), float):
+            message += f" loss {scalars['loss']:.4f}"
+        self.ctx.report_progress(figures.get("progress", 0.0), message, metrics=self.metrics)
+
+
+def run_grpo_job(ctx) -> dict:
+    from gpu_runtime.grpo.config import GrpoConfig
+    from gpu_runtime.grpo.errors import TrainingError
+    from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
+    from gpu_runtime.writer_lock import gpu_writer
+
+    payload = ctx.payload
+    if settings.KILN.model_path is None:
+        raise KilnError("mock_mode", "real model weights are unavailable: no model is configured",
+                        hint="set model.path in kiln.toml or KILN_MODEL_PATH, restart, and resubmit")
+    name = payload["adapter_name"]
+    config = GrpoConfig.from_dict(payload["config"])
+    snapshot = Path(payload["snapshot_path"])
+    groups = [json.loads(line) for line in snapshot.read_bytes().splitlines() if line.strip()]
+    base_dir = adapter_published_path(name=config.base_adapter) if config.base_adapter else None
+    if config.base_adapter and base_dir is None:
+        raise KilnError("adapter_not_found", f"base adapter {config.base_adapter!r} is no longer published")
+    output_dir = adapters_root() / name
+    data = payload["training_data"]
+    request = TrainRequest(
+        model_dir=settings.KILN.model_path, groups=groups, config=config, output_dir=output_dir,
+        adapter_name=name, base_adapter_dir=base_dir, base_adapter_name=config.base_adapter,
+        checkpoint_root=adapters_root(), source_sha256=data["admitted_corpus_sha256"],
+        source_kind=data["source"], source_path=data.get("path"), device="auto",
+        failure_receipt_path=settings.KILN.home / "training" / "receipts" / f"{ctx.job_id}.train_receipt.json",
+    )
+    request.failure_receipt_path.parent.mkdir(parents=True, exist_ok=True)
+    recorder = ProgressRecorder(ctx)
+    try:
+        result = train_grpo(request, on_progress=recorder, should_stop=ctx.should_stop, gpu_writer=gpu_writer)
+    except TrainingError as exc:
+        raise KilnError(exc.code, exc.message, hint=exc.hint or "") from None
+    checkpoints = [str(p) for p in result.checkpoints]
+    summary = {"adapter_name": name, "receipt_path": str(result.receipt_path), "checkpoints": checkpoints,
+               "latest_checkpoint": checkpoints[-1] if checkpoints else None, "final_step": result.final_step,
+               "total_steps": result.total_steps, "effective_seed": str(result.effective_seed)}
+    if result.stopped:
+        ctx.log("cancelled at a group boundary", {"checkpoint": summary["latest_checkpoint"]})
+        raise JobCancelled()
+    from gpu_runtime.identity import adapter_files, file_manifest, manifest_digest
+
+    receipt = result.receipt
+    smoke_passed = bool((receipt.get("adapter_smoke_test") or {}).get("passed", True))
+    content_digest = manifest_digest(file_manifest(result.adapter_path, adapter_files(result.adapter_path)))
+    gate_pending = bool(payload.get("post_eval") and payload["post_eval"].get("min_accuracy") is not None)
+    adapter = adapter_publish(
+        name=name, path=result.adapter_path,
+        content_sha256=content_digest,
+        base_model_sha256=(receipt.get("model") or {}).get("base_model_sha256", ""),
+        loaded=bool(config.auto_load and smoke_passed and not gate_pending),
+    )
+    return {**summary, "adapter_path": str(result.adapter_path), "loaded": adapter.loaded,
+            "linked_eval_job_ids": []}
