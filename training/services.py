@@ -98,6 +98,18 @@ def _parse_submission(body: dict) -> GrpoSubmission:
                         status=400, field=field) from None
 
 
+def _check_recorded(corpus: AdmittedCorpus, base_adapter_name: str | None) -> None:
+    from adapters.selectors import adapter_get
+    from kiln_project.inference.selectors import served_model_identity
+    from training.recorded_admission import check_recorded_corpus
+
+    base = None
+    if base_adapter_name:
+        adapter = adapter_get(name=base_adapter_name)
+        base = {"name": adapter.name, "content_sha256": adapter.content_sha256}
+    check_recorded_corpus(corpus.groups, model_identity=served_model_identity(), base_adapter=base)
+
+
 def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tuple:
     """Validate and queue a GRPO request. Returns (job, effective_seed)."""
     if not isinstance(body, dict):
@@ -112,6 +124,8 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
                        "regenerate with kiln rollout-generate, or use no_importance_correction on purpose")
     if config.base_adapter and adapter_published_path(name=config.base_adapter) is None:
         raise _invalid(f"no published adapter named {config.base_adapter!r}", "config.base_adapter")
+    if config.behavior_policy == "recorded":
+        _check_recorded(corpus, config.base_adapter)
     output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     validate_adapter_name(output_name, field="config.output_name")
     seed = resolve_effective_seed(config)

@@ -38,3 +38,12 @@ def served_models() -> list[dict]:
                            "owned_by": "kiln", "root": str(settings.KILN.model_path or "")})
             break
     return models
+
+
+def served_model_identity() -> dict | None:
+    """The identity (base weights, tokenizer, template digests) of the model a live GPU worker loaded."""
+    for worker in _inference_workers():
+        model = worker.status.get("model") or {}
+        if model.get("loaded") and model.get("identity"):
+            return model["identity"]
+    return None

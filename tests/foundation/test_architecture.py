@@ -9,7 +9,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 # The torch-free GRPO request contract that admission validates with in the web process.
 ALLOWED_RUNTIME_MODULES = {"gpu_runtime", "gpu_runtime.grpo", "gpu_runtime.grpo.config",
-                           "gpu_runtime.grpo.config_values", "gpu_runtime.grpo.submission"}
+                           "gpu_runtime.grpo.config_values", "gpu_runtime.grpo.submission",
+                           "gpu_runtime.provenance"}
 
 
 def test_asgi_app_loads_without_torch():
