@@ -156,3 +156,12 @@ def test_config_route(api):
     assert body["serving_profile"] == "stable"
     assert "secret_key" not in body["config"]
     assert {"name": "test.steps", "queue": "gpu", "category": "training"} in body["job_kinds"]
+
+
+def test_admin_shows_jobs_and_events_read_only(admin_client):
+    job = job_submit(kind="test.steps", payload={"steps": 1})
+    page = admin_client.get(f"/admin/jobs/job/{job.id}/change/")
+    assert page.status_code == 200
+    assert "queued on gpu" in page.content.decode()  # the event inline
+    assert admin_client.get("/admin/jobs/job/add/").status_code == 403
+    assert admin_client.post(f"/admin/jobs/job/{job.id}/delete/", {"post": "yes"}).status_code == 403

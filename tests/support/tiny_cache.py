@@ -45,3 +45,9 @@ def cached_tiny_model(*, seed: int = 0, warm_steps: int | None = None) -> tuple[
         if not (path / RECIPE_FILE).is_file():
             create_tiny_model(path, seed=seed, warm_steps=steps)
     return path, json.loads((path / RECIPE_FILE).read_text())
+
+
+if __name__ == "__main__":
+    # scripts/test builds the shared model before pytest starts, outside any per-test time-out.
+    built_path, recipe = cached_tiny_model()
+    print(f"tiny model ready: {built_path} (held-out accuracy {recipe.get('held_out_accuracy')})")
