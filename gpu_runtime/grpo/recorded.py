@@ -1,0 +1,313 @@
+"""`behavior_policy: recorded`: replay each completion's kiln.rollout-provenance.v1 record and reject drift. Imports no Django.
+
+`verify_recorded_groups` is the admission check (tokenizer only, no model): for every completion
+it validates the record's schema (`gpu_runtime.provenance`), then checks that
+- the group `messages` still hash to `prompt_messages_sha256`;
+- `text` / `trajectory` still hash to `scored_payload_sha256` and the text decodes from the
+  recorded completion tokens (a hand-edited completion fails either way);
+- the pinned tokenizer + chat template, replaying `template_invocation`, reproduce the recorded
+  prompt tokens `input_token_ids[:prompt_token_count]`;
+- the tokenizer/template digests and the base model digest equal the trainer's;
+- the behavior adapter is the run's starting point: no adapter when training from the base,
+  the `base_adapter`'s content digest otherwise;
+- the sampling controls are consistent with what was sampled (token count within max_tokens,
+  no stop string left in the text, greedy controls imply log-prob 0).
+A mismatch raises `RecordedProvenanceError` (code `recorded_provenance_drift`) naming the group,
+the completion and what drifted. `replay_behavior_logprobs` is the stronger check the trainer
+runs once the model is loaded: it recomputes every sampled token's behavior log-prob under the
+recorded sampling controls and compares it with the record, so an edited temperature / top-k /
+top-p / penalty is caught even though the record stays self-consistent.
+
+The importance ratio uses the recorded log-probs of *sampled* action tokens. Forced tokens
+(a thinking budget closing the block) were never drawn from the behavior policy, so they carry no
+behavior log-prob and are treated as context: no policy gradient, no ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_runtime.grpo.audit import PolicyAuditAccumulator
+from gpu_runtime.grpo.errors import RecordedProvenanceError
+from gpu_runtime.provenance import (
+    ProvenanceError,
+    prompt_messages_sha256,
+    scored_payload_sha256,
+    validate_rollout_provenance,
+)
+
+DRIFT = "recorded_provenance_drift"
+
+
+@dataclass
+class RecordedSummary:
+    """Counts for the receipt's `grpo.policy_audit.recorded_provenance` block."""
+
+    completion_count: int = 0
+    sampled_action_tokens: int = 0
+    forced_action_tokens: int = 0
+    unique_behavior_sources: int = 0
+    recorded_provenance: dict[str, Any] = field(default_factory=dict)  # the full block
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.recorded_provenance)
+
+
+def completions_of(group: dict) -> list[dict]:
+    """A group's `completions` (or its `rollouts` alias)."""
+    value = group.get("completions")
+    return group.get("rollouts") if value is None else value
+
+
+def template_call(provenance: dict | None, default_kwargs: dict | None) -> tuple[bool, list | None, dict]:
+    """(enable_thinking, tools, other template kwargs) a prompt was rendered with."""
+    if provenance is not None:
+        invocation = provenance.get("template_invocation") or {}
+        kwargs = dict(invocation.get("template_kwargs") or {})
+        tools = invocation.get("tools") or None
+    else:
+        kwargs, tools = dict(default_kwargs or {}), None
+    thinking = kwargs.pop("enable_thinking", True)
+    return bool(thinking), tools, kwargs
+
+
+def render_prompt_ids(
+    tokenizer, messages: list[dict], provenance: dict | None, default_kwargs: dict | None
+) -> list[int]:
+    from gpu_runtime.model_loading import render_prompt  # tokenizer rendering, no model
+
+    thinking, tools, kwargs = template_call(provenance, default_kwargs)
+    _, ids = render_prompt(tokenizer, messages, enable_thinking=thinking, tools=tools, template_kwargs=kwargs)
+    return ids
+
+
+def verify_recorded_groups(
+    groups: list[dict],
+    tokenizer,
+    identity: dict,
+    base_adapter_identity: dict | None,
+    *,
+    template_kwargs: dict | None = None,
+) -> RecordedSummary:
+    """Check every completion's provenance against the pinned tokenizer and identities.
+
+    `identity` is the trainer's model identity (`gpu_runtime.model_loading.identity_of`, needs
+    `base_model_sha256` and `tokenizer`); `base_adapter_identity` is `{"content_sha256": ...}` of
+    the warm-start adapter, or None when training starts from the base model. `template_kwargs`
+    only matters for records without a `template_invocation` (raw-token prompts).
+    """
+    from gpu_runtime.identity import tokenizer_identity
+
+    tok_identity = identity.get("tokenizer") or tokenizer_identity(tokenizer)
+    audit = PolicyAuditAccumulator()
+    prompt_cache: dict[tuple, list[int]] = {}
+    for g, group in enumerate(groups):
+        messages = group.get("messages")
+        messages_digest = prompt_messages_sha256(messages)
+        for c, completion in enumerate(completions_of(group) or []):
+            record = completion.get("provenance")
+
+            def fail(drift: str, message: str, code: str = DRIFT, g=g, c=c):
+                raise RecordedProvenanceError(code, message, group_index=g, completion_index=c, drift=drift)
+
+            if record is None:
+                fail(
+                    "provenance",
+                    "behavior_policy=recorded requires provenance on every completion",
+                    "recorded_provenance_missing",
+                )
+            try:
+                validate_rollout_provenance(record)
+            except ProvenanceError as exc:
+                fail(
+                    "schema",
+                    f"invalid kiln.rollout-provenance.v1 record: {exc}",
+                    "recorded_provenance_invalid",
+                )
+            if record["prompt_messages_sha256"] != messages_digest:
+                fail(
+                    "prompt_messages",
+                    "prompt drifted: the group messages no longer hash to prompt_messages_sha256",
+                )
+            text, trajectory = completion.get("text"), completion.get("trajectory")
+            if record["scored_payload_sha256"] != scored_payload_sha256(text, trajectory):
+                fail(
+                    "scored_payload",
+                    "completion text/trajectory drifted from scored_payload_sha256 (hand-edited?)",
+                )
+            if record["tokenizer"] != tok_identity:
+                changed = sorted(k for k in tok_identity if record["tokenizer"].get(k) != tok_identity[k])
+                fail(
+                    "tokenizer",
+                    f"tokenizer identity drifted ({', '.join(changed)}) from the pinned tokenizer",
+                )
+            policy = record["behavior_policy"]
+            if policy["base_model_sha256"] != identity["base_model_sha256"]:
+                fail(
+                    "base_model",
+                    "behavior base model drifted: base_model_sha256 is not the training base model",
+                )
+            _check_adapter(policy.get("adapter"), base_adapter_identity, fail)
+
+            key = (messages_digest, repr(record.get("template_invocation")))
+            if key not in prompt_cache:
+                prompt_cache[key] = render_prompt_ids(tokenizer, messages, record, template_kwargs)
+            expected = prompt_cache[key]
+            count = record["prompt_token_count"]
+            recorded_prompt = record["input_token_ids"][:count]
+            if recorded_prompt != expected:
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(recorded_prompt, expected, strict=False)) if a != b),
+                    min(len(recorded_prompt), len(expected)),
+                )
+                fail(
+                    "prompt_tokens",
+                    f"prompt tokens drifted: the pinned template renders {len(expected)} tokens, "
+                    f"the record has {count}; first difference at token {at}",
+                )
+            _check_sampling(record, text, trajectory, tokenizer, fail)
+            audit.observe_recorded_completion(record)
+    block = audit.to_receipt()["recorded_provenance"]
+    return RecordedSummary(
+        completion_count=block["completion_count"],
+        sampled_action_tokens=block["sampled_action_tokens"],
+        forced_action_tokens=block["forced_action_tokens"],
+        unique_behavior_sources=block["unique_behavior_sources"],
+        recorded_provenance=block,
+    )
+
+
+def _check_adapter(recorded: dict | None, base_adapter: dict | None, fail) -> None:
+    if recorded is None and base_adapter is None:
+        return
+    if recorded is None:
+        fail(
+            "adapter",
+            "adapter drifted: the completion was sampled from the base model, but training "
+            "starts from base_adapter (its behavior policy is not the trained policy's start)",
+        )
+    if base_adapter is None:
+        fail(
+            "adapter",
+            f"adapter drifted: the completion was sampled with adapter {recorded['name']!r}, "
+            "but training starts from the base model (set base_adapter to that adapter)",
+        )
+    want = base_adapter.get("content_sha256") or base_adapter.get("adapter_model_sha256")
+    if recorded["content_sha256"] != want:
+        fail(
+            "adapter",
+            f"adapter drifted: behavior adapter {recorded['name']!r} content {recorded['content_sha256']} "
+            f"is not the base_adapter content {want}",
+        )
+
+
+def _check_sampling(record: dict, text, trajectory, tokenizer, fail) -> None:
+    sampling = record["sampling"]
+    count = record["prompt_token_count"]
+    completion_ids = record["input_token_ids"][count:]
+    if len(completion_ids) > sampling["max_tokens"]:
+        fail(
+            "sampling",
+            f"sampling controls drifted: {len(completion_ids)} completion tokens exceed "
+            f"sampling.max_tokens {sampling['max_tokens']}",
+        )
+    sampled = [a for a in record["action_tokens"] if a["source"] == "sampled"]
+    if sampling["temperature"] == 0 or sampling["top_k"] == 1:
+        if any(a["behavior_logprob"] != 0 for a in sampled):
+            fail(
+                "sampling",
+                "sampling controls drifted: greedy controls (temperature 0 / top_k 1) but a sampled "
+                "token has a behavior log-prob below 0",
+            )
+    if not trajectory:
+        decoded = tokenizer.decode(completion_ids, skip_special_tokens=True)
+        if not isinstance(text, str) or not decoded.startswith(text):
+            fail("completion_tokens", "completion text drifted: it does not decode from the recorded tokens")
+        if sampling["stop"] and any(stop in text for stop in sampling["stop"]):
+            hit = next(stop for stop in sampling["stop"] if stop in text)
+            fail(
+                "sampling",
+                f"sampling controls drifted: stop string {hit!r} occurs inside the completion text",
+            )
+
+
+def action_layout(record: dict) -> tuple[list[int], dict[int, float]]:
+    """(trained positions, {position: behavior log-prob}) of a record: the sampled action tokens."""
+    positions, behavior = [], {}
+    for action in record["action_tokens"]:
+        if action["source"] == "sampled":
+            positions.append(action["sequence_index"])
+            behavior[action["sequence_index"]] = float(action["behavior_logprob"])
+    return positions, behavior
+
+
+def replay_tolerance(
+    record_inference_sha256: str, trainer_inference_sha256: str, float32: bool
+) -> tuple[str, float]:
+    """How closely recomputed behavior log-probs must match: tight when the record was sampled
+    under the trainer's own inference configuration in float32, loose (catching edited controls,
+    not rounding) otherwise. Returns (statistic, bound) with statistic max_abs or mean_abs."""
+    if record_inference_sha256 == trainer_inference_sha256 and float32:
+        return "max_abs", 2e-3
+    return "mean_abs", 0.1
+
+
+def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: str) -> dict[str, Any]:
+    """Recompute each recorded completion's sampled-token log-probs with the trainer's initial
+    policy (base + warm-start adapter = the behavior policy) under the recorded sampling controls,
+    and raise `recorded_provenance_drift` (drift `sampling`) where they do not match the record.
+    Returns evidence for the receipt. Call under torch.no_grad with the model on its device."""
+    import torch
+
+    from gpu_runtime.sampling import PenaltyState, SamplingParams, apply_penalties, behavior_logprobs
+
+    device = next(model.parameters()).device
+    float32 = next(model.parameters()).dtype == torch.float32
+    checked, worst = 0, 0.0
+    for group in encoded_groups:
+        for c, item in enumerate(group.completions):
+            record = item.provenance
+            if record is None or not item.behavior:
+                continue
+            s = dict(record["sampling"])
+            s.pop("thinking_budget", None)
+            params = SamplingParams(**{**s, "stop": tuple(s["stop"])})
+            ids = torch.tensor([item.input_ids], device=device)
+            positions = sorted(item.behavior)
+            logits = model(input_ids=ids).logits[0].float()
+            rows = logits[[p - 1 for p in positions]]
+            if params.uses_penalties:
+                prompt_count = record["prompt_token_count"]
+                state = PenaltyState(item.input_ids[:prompt_count], rows.shape[-1], device)
+                penalised, cursor = [], prompt_count
+                for k, p in enumerate(positions):
+                    while cursor < p:
+                        state.add(item.input_ids[cursor])
+                        cursor += 1
+                    penalised.append(apply_penalties(rows[k], params, state))
+                rows = torch.stack(penalised)
+            lp = behavior_logprobs(rows, [params] * len(positions))
+            replayed = lp.gather(
+                1, torch.tensor([[item.input_ids[p]] for p in positions], device=device)
+            ).squeeze(1)
+            recorded = torch.tensor([item.behavior[p] for p in positions], device=device, dtype=torch.float64)
+            diff = (replayed.double() - recorded).abs()
+            stat, bound = replay_tolerance(
+                record["behavior_policy"]["inference_config_sha256"], trainer_inference_sha256, float32
+            )
+            value = float(diff.max() if stat == "max_abs" else diff.mean())
+            if not math.isfinite(value) or value > bound:
+                raise RecordedProvenanceError(
+                    DRIFT,
+                    f"sampling controls drifted: the recorded behavior log-probs do not replay under the recorded "
+                    f"sampling controls ({stat} difference {value:.4g} > {bound:g}); temperature, top_k, top_p, "
+                    "min_p or a penalty was edited, or the behavior model differs",
+                    group_index=group.index,
+                    completion_index=c,
+                    drift="sampling",
+                )
+            checked += len(positions)
+            worst = max(worst, float(diff.max()))
+    return {"checked_tokens": checked, "max_abs_logprob_difference": worst}

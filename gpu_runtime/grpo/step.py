@@ -1,0 +1,285 @@
+"""One GRPO optimizer group on the GPU: reference forward, policy forward, loss, backward, step. Imports no Django.
+
+`GroupStepper.run(group)` does spec §3.1 steps 3-7 for one encoded group and returns the step
+records (one per optimizer step: one for `token_level`, one per completion for `per_sample`).
+
+Reference log-probs (only when the KL term reaches the loss):
+- `base_per_step`: the base model, i.e. the PEFT model inside `disable_adapter()`;
+- `ema`: the LoRA snapshot swapped into the adapter tensors for the forward, then swapped back.
+With `shared_prefix_reference` the prompt runs once with a KV cache (`reference.py`); where that
+capability is missing (no cache support, no shared prefix) the exact batched forward (the same
+computation as the policy forward) runs instead and the fallback is recorded with its reason.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from gpu_runtime.grpo.adapter_io import trainable_parameters
+from gpu_runtime.grpo.errors import TrainingError
+from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss
+from gpu_runtime.grpo.reference import common_prefix_length, shared_prefix_reference_logprobs
+
+
+@dataclass
+class GroupTensors:
+    ids: torch.Tensor  # (B, T) right-padded
+    attention: torch.Tensor  # (B, T)
+    lengths: list[int]
+    action_mask: torch.Tensor  # (B, T) bool
+    env_mask: torch.Tensor | None
+    observation_lengths: torch.Tensor | None
+    behavior: torch.Tensor | None  # (B, T) recorded log-probs (0 elsewhere)
+    advantages: torch.Tensor  # (B,)
+    start: int  # first trained position over the group (>= 1)
+
+
+def group_tensors(group, *, device, pad_id: int, recorded: bool, with_env: bool) -> GroupTensors:
+    items = group.completions
+    width = max(len(c.input_ids) for c in items)
+    b = len(items)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, width), dtype=torch.long)
+    action = torch.zeros((b, width), dtype=torch.bool)
+    env = torch.zeros((b, width), dtype=torch.bool)
+    behavior = torch.zeros((b, width), dtype=torch.float32) if recorded else None
+    for row, item in enumerate(items):
+        n = len(item.input_ids)
+        ids[row, :n] = torch.tensor(item.input_ids)
+        attention[row, :n] = 1
+        action[row, item.action_positions] = True
+        if item.env_positions:
+            env[row, item.env_positions] = True
+        if behavior is not None and item.behavior:
+            positions = sorted(item.behavior)
+            behavior[row, positions] = torch.tensor([item.behavior[p] for p in positions])
+    trained = [p for c in items for p in (c.action_positions[:1] + c.env_positions[:1])]
+    has_env = bool(env.any()) and with_env
+    return GroupTensors(
+        ids=ids.to(device),
+        attention=attention.to(device),
+        lengths=[len(c.input_ids) for c in items],
+        action_mask=action.to(device),
+        env_mask=env.to(device) if has_env else None,
+        observation_lengths=torch.tensor([c.observation_tokens for c in items], device=device)
+        if has_env
+        else None,
+        behavior=behavior.to(device) if behavior is not None else None,
+        advantages=torch.tensor(group.advantages, dtype=torch.float32, device=device),
+        start=max(1, min(trained)) if trained else 1,
+    )
+
+
+def sequence_logprobs(
+    model, ids: torch.Tensor, attention: torch.Tensor, start: int, *, keep_logits: bool = True
+):
+    """(B, T) log p(ids[t] | ids[<t]) for t >= start (0 before), from logits of positions >= start-1
+    only (`logits_to_keep`), so the prompt's vocabulary projections are never materialised."""
+    t = ids.shape[1]
+    keep = t - start + 1
+    if keep_logits:
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits
+    else:
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, start - 1 :]
+    logits = logits[:, :-1]
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    targets = ids[:, start:].unsqueeze(-1)
+    selected = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.cat([selected.new_zeros(ids.shape[0], start), selected], dim=1)
+
+
+@dataclass
+class StepRecord:
+    stats: dict
+    grad_norm: float
+    completions: int
+
+
+@dataclass
+class GroupStepper:
+    model: object  # PeftModel
+    optimizer: torch.optim.Optimizer
+    config: object  # GrpoConfig
+    pad_id: int
+    timings: dict = field(default_factory=dict)
+    fallbacks: list = field(default_factory=list)
+    ema_snapshot: dict | None = None  # name -> tensor (kl_reference_policy ema)
+    keep_logits: bool = True
+    reference_path: str | None = None  # "shared_prefix" | "batched" once chosen
+
+    def __post_init__(self) -> None:
+        self.device = next(self.model.parameters()).device
+        self.params = trainable_parameters(self.model)
+
+    def _time(self, key: str, started: float) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.timings[key] = self.timings.get(key, 0.0) + (time.perf_counter() - started) * 1000.0
+
+    def _fallback(self, capability: str, fallback: str, reason: str) -> None:
+        if not any(f["capability"] == capability for f in self.fallbacks):
+            self.fallbacks.append({"capability": capability, "fallback": fallback, "reason": reason})
+
+    def _policy_logprobs(self, ids, attention, start):
+        if self.keep_logits:
+            try:
+                return sequence_logprobs(self.model, ids, attention, start)
+            except TypeError as exc:  # a model without logits_to_keep
+                self.keep_logits = False
+                self._fallback(
+                    "logits_to_keep", "full_logits", f"the model forward rejects logits_to_keep: {exc}"
+                )
+        return sequence_logprobs(self.model, ids, attention, start, keep_logits=False)
+
+    @contextmanager
+    def _reference_policy(self):
+        """The KL reference: the base model (adapter disabled) or the EMA snapshot."""
+        if self.config.kl_reference_policy.kind != "ema":
+            with self.model.disable_adapter():
+                yield
+            return
+        saved = [p.detach().clone() for _, p in self.params]
+        with torch.no_grad():
+            for name, p in self.params:
+                p.copy_(self.ema_snapshot[name])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for (_, p), value in zip(self.params, saved, strict=True):
+                    p.copy_(value)
+
+    @torch.no_grad()
+    def reference_logprobs(self, tensors: GroupTensors) -> torch.Tensor:
+        started = time.perf_counter()
+        with self._reference_policy():
+            out = None
+            if self.config.shared_prefix_reference and self.reference_path != "batched":
+                seqs = [row[:n].tolist() for row, n in zip(tensors.ids, tensors.lengths, strict=True)]
+                if common_prefix_length(seqs) < 1:
+                    self._fallback(
+                        "shared_prefix_reference", "batched_forward", "the group's sequences share no prefix"
+                    )
+                else:
+                    try:
+                        out = shared_prefix_reference_logprobs(self.model, seqs)
+                        self.reference_path = "shared_prefix"
+                    except (AttributeError, KeyError, TypeError, NotImplementedError) as exc:
+                        self.reference_path = "batched"
+                        self._fallback(
+                            "shared_prefix_reference",
+                            "batched_forward",
+                            f"the model's KV cache cannot be shared: {exc}",
+                        )
+            if out is None:
+                if self.reference_path is None:
+                    self.reference_path = "batched"
+                out = self._policy_logprobs(tensors.ids, tensors.attention, tensors.start)
+                out = out * tensors.attention  # zero past each end, like the shared-prefix layout
+        self._time("reference_forward_ms", started)
+        width = tensors.ids.shape[1]
+        if out.shape[1] < width:
+            out = torch.nn.functional.pad(out, (0, width - out.shape[1]))
+        return out.float()
+
+    def run(self, group) -> list[StepRecord]:
+        config = self.config
+        tensors = group_tensors(
+            group,
+            device=self.device,
+            pad_id=self.pad_id,
+            recorded=config.behavior_policy == "recorded",
+            with_env=config.loss.echo_enabled,
+        )
+        reference = self.reference_logprobs(tensors) if config.kl_term_active else None
+        if config.loss_aggregation == "per_sample":
+            rows = [[i] for i in range(len(tensors.lengths))]
+        else:
+            rows = [list(range(len(tensors.lengths)))]
+        return [self._step(tensors, reference, r) for r in rows]
+
+    def _step(self, tensors: GroupTensors, reference, rows: list[int]) -> StepRecord:
+        index = torch.tensor(rows, device=self.device)
+        width = max(tensors.lengths[r] for r in rows)
+
+        def pick(t):
+            return None if t is None else t.index_select(0, index)[:, :width]
+
+        ids, attention = pick(tensors.ids), pick(tensors.attention)
+        started = time.perf_counter()
+        policy = self._policy_logprobs(ids, attention, tensors.start)
+        self._time("policy_forward_ms", started)
+        batch = GrpoBatch(
+            policy_logprobs=policy,
+            action_mask=pick(tensors.action_mask),
+            advantages=tensors.advantages.index_select(0, index),
+            behavior_logprobs=pick(tensors.behavior),
+            reference_logprobs=pick(reference),
+            env_mask=pick(tensors.env_mask),
+            observation_lengths=None
+            if tensors.observation_lengths is None
+            else tensors.observation_lengths.index_select(0, index),
+        )
+        loss, stats = grpo_loss(batch, self.config)
+        if not torch.isfinite(loss):
+            raise TrainingError(
+                "nan_loss", f"the loss is {loss.item()} (not finite)", failure_reason="nan_loss"
+            )
+        started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self._time("backward_ms", started)
+        started = time.perf_counter()
+        squares = [p.grad.detach().double().pow(2).sum() for _, p in self.params if p.grad is not None]
+        grad_norm = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
+        if grad_norm != grad_norm or grad_norm == float("inf"):
+            raise TrainingError("nan_loss", "the gradient is not finite", failure_reason="nan_loss")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._time("optimizer_ms", started)
+        return StepRecord(stats=stats, grad_norm=grad_norm, completions=len(rows))
+
+
+def build_optimizer(params, config) -> torch.optim.Optimizer:
+    """AdamW, SGD or Muon (torch.optim.Muon, Keller's lr adjustment) per GrpoConfig.optimizer."""
+    opt = config.optimizer
+    lr = config.resolved_learning_rate
+    tensors = [p for _, p in params]
+    if opt.kind == "adam_w":
+        return torch.optim.AdamW(
+            tensors, lr=lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
+        )
+    if opt.kind == "sgd":
+        return torch.optim.SGD(tensors, lr=lr)
+    if opt.kind == "muon":
+        muon = getattr(torch.optim, "Muon", None)
+        if muon is None:
+            raise TrainingError(
+                "optimizer_unsupported",
+                f"optimizer muon needs torch.optim.Muon (torch >= 2.9); this torch is {torch.__version__}. "
+                "Use optimizer {kind: adam_w}.",
+                failure_reason="unsupported_loss_config",
+            )
+        bad = [n for n, p in params if p.dim() != 2]
+        if bad:
+            raise TrainingError(
+                "optimizer_unsupported",
+                f"muon needs 2-D parameters; {bad[0]} is not",
+                failure_reason="unsupported_loss_config",
+            )
+        return muon(
+            tensors,
+            lr=lr,
+            weight_decay=opt.weight_decay,
+            momentum=opt.momentum,
+            nesterov=opt.nesterov,
+            ns_steps=opt.ns_iters,
+        )
+    raise TrainingError(
+        "optimizer_unsupported", f"unknown optimizer {opt.kind!r}", failure_reason="unsupported_loss_config"
+    )

@@ -1,0 +1,177 @@
+"""behavior_policy=recorded: provenance from the project's sampler passes; drift is rejected and named."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from gpu_runtime.grpo.errors import RecordedProvenanceError
+from gpu_runtime.grpo.recorded import verify_recorded_groups
+from gpu_runtime.provenance import prompt_messages_sha256, scored_payload_sha256
+from tests.grpo.tiny_support import arithmetic_tasks, exact_match_reward, run, train_request
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_model_dir):
+    import torch
+
+    from gpu_runtime.model_loading import load_model
+    from gpu_runtime.provenance import build_rollout_provenance
+    from gpu_runtime.sample_types import SampleRequest
+    from gpu_runtime.sampler import Sampler
+    from gpu_runtime.sampling import SamplingParams
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        loaded = load_model(tiny_model_dir, device="cpu")
+        sampler = Sampler(loaded)
+        groups = []
+        for g, (question, answer) in enumerate(arithmetic_tasks(2)):
+            messages = [{"role": "user", "content": question}]
+            requests = [
+                SampleRequest(
+                    messages=messages,
+                    sampling=SamplingParams(temperature=1.0, max_tokens=6),
+                    seed=100 * g + i,
+                    enable_thinking=False,
+                )
+                for i in range(4)
+            ]
+            completions = []
+            for result in sampler.generate(requests):
+                completions.append(
+                    {
+                        "text": result.text,
+                        "reward": exact_match_reward(result.text, result.finish_reason == "stop", answer),
+                        "provenance": build_rollout_provenance(result, prompt_messages=messages),
+                    }
+                )
+            groups.append({"messages": messages, "completions": completions})
+    finally:
+        torch.set_num_threads(threads)
+    return loaded, groups
+
+
+def _drift(groups, loaded, base_adapter=None) -> RecordedProvenanceError:
+    with pytest.raises(RecordedProvenanceError) as caught:
+        verify_recorded_groups(groups, loaded.tokenizer, loaded.identity, base_adapter)
+    return caught.value
+
+
+def test_valid_records_pass_and_count(recorded):
+    loaded, groups = recorded
+    summary = verify_recorded_groups(groups, loaded.tokenizer, loaded.identity, None)
+    sampled = sum(len(c["provenance"]["action_tokens"]) for g in groups for c in g["completions"])
+    assert summary.completion_count == 8 and summary.sampled_action_tokens == sampled
+    assert summary.forced_action_tokens == 0 and summary.unique_behavior_sources == 1
+    block = summary.to_dict()
+    assert block["behavior_sources"][0]["behavior_source_sha256"].startswith("sha256:")
+    assert block["behavior_source_manifest_sha256"].startswith("sha256:")
+
+
+def test_edited_completion_text_is_rejected(recorded):
+    loaded, groups = recorded
+    edited = copy.deepcopy(groups)
+    edited[1]["completions"][2]["text"] += " 42"
+    error = _drift(edited, loaded)
+    assert error.code == "recorded_provenance_drift" and error.drift == "scored_payload"
+    assert (error.group_index, error.completion_index) == (1, 2)
+    assert "groups[1].completions[2]" in error.message and "text" in error.message
+    # ...even when the editor also re-hashed the payload: the text no longer decodes from the tokens.
+    edited[1]["completions"][2]["provenance"]["scored_payload_sha256"] = scored_payload_sha256(
+        edited[1]["completions"][2]["text"]
+    )
+    assert _drift(edited, loaded).drift == "completion_tokens"
+
+
+def test_changed_prompt_is_rejected(recorded):
+    loaded, groups = recorded
+    edited = copy.deepcopy(groups)
+    edited[0]["messages"][0]["content"] = "What is 1 + 1? Reply with just the number."
+    error = _drift(edited, loaded)
+    assert error.drift == "prompt_messages" and (error.group_index, error.completion_index) == (0, 0)
+    for completion in edited[0]["completions"]:  # re-hashed prompt: the replayed template disagrees
+        completion["provenance"]["prompt_messages_sha256"] = prompt_messages_sha256(edited[0]["messages"])
+    error = _drift(edited, loaded)
+    assert error.drift == "prompt_tokens" and "prompt tokens drifted" in error.message
+
+
+def test_changed_sampling_controls_are_rejected(recorded, tiny_model_dir, tmp_path, one_thread):
+    loaded, groups = recorded
+    edited = copy.deepcopy(groups)
+    record = edited[0]["completions"][1]["provenance"]
+    record["sampling"]["max_tokens"] = len(record["input_token_ids"]) - record["prompt_token_count"] - 1
+    error = _drift(edited, loaded)
+    assert error.drift == "sampling" and "max_tokens" in error.message
+
+    # A temperature edit keeps the record self-consistent; the trainer replays the behavior
+    # log-probs with the pinned model and rejects it before the first step.
+    edited = copy.deepcopy(groups)
+    edited[1]["completions"][3]["provenance"]["sampling"]["temperature"] = 0.7
+    verify_recorded_groups(edited, loaded.tokenizer, loaded.identity, None)
+    with pytest.raises(RecordedProvenanceError) as caught:
+        run(
+            train_request(
+                tiny_model_dir, edited, tmp_path, "temp", behavior_policy="recorded", dynamic_sampling=False
+            )
+        )
+    assert caught.value.drift == "sampling" and (caught.value.group_index, caught.value.completion_index) == (
+        1,
+        3,
+    )
+    assert caught.value.receipt["failure_reason"] == "data_schema_error"
+
+
+def test_identity_drift_is_rejected(recorded):
+    loaded, groups = recorded
+    edited = copy.deepcopy(groups)
+    edited[0]["completions"][0]["provenance"]["tokenizer"]["chat_template_sha256"] = "sha256:" + "0" * 64
+    assert _drift(edited, loaded).drift == "tokenizer"
+    edited = copy.deepcopy(groups)
+    edited[0]["completions"][0]["provenance"]["behavior_policy"]["base_model_sha256"] = "sha256:" + "1" * 64
+    assert _drift(edited, loaded).drift == "base_model"
+    # Sampled from the base model, but training would start from a warm-start adapter.
+    error = _drift(groups, loaded, {"content_sha256": "sha256:" + "2" * 64})
+    assert error.drift == "adapter"
+    edited = copy.deepcopy(groups)
+    edited[0]["completions"][0]["provenance"]["behavior_policy"]["adapter"] = {
+        "name": "r1",
+        "content_sha256": "sha256:" + "3" * 64,
+    }
+    assert _drift(edited, loaded, {"content_sha256": "sha256:" + "2" * 64}).drift == "adapter"
+    # The same adapter content as the warm start passes.
+    only = [{**edited[0], "completions": edited[0]["completions"][:1]}]
+    verify_recorded_groups(only, loaded.tokenizer, loaded.identity, {"content_sha256": "sha256:" + "3" * 64})
+
+
+def test_missing_or_invalid_provenance(recorded):
+    loaded, groups = recorded
+    edited = copy.deepcopy(groups)
+    del edited[1]["completions"][0]["provenance"]
+    assert _drift(edited, loaded).code == "recorded_provenance_missing"
+    edited = copy.deepcopy(groups)
+    edited[0]["completions"][1]["provenance"]["extra"] = 1
+    error = _drift(edited, loaded)
+    assert error.code == "recorded_provenance_invalid" and "extra" in error.message
+
+
+def test_recorded_training_uses_the_behavior_logprobs(recorded, tiny_model_dir, tmp_path, one_thread):
+    _, groups = recorded
+    result = run(
+        train_request(
+            tiny_model_dir, groups[:1], tmp_path, "rec", behavior_policy="recorded", dynamic_sampling=False
+        )
+    )
+    receipt = result.receipt
+    audit = receipt["grpo"]["policy_audit"]
+    # One step, on-policy at temperature 1: pi_theta / pi_behavior = 1 up to float rounding.
+    assert audit["importance_sampling"]["min_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert audit["importance_sampling"]["max_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert audit["recorded_provenance"]["completion_count"] == 4
+    assert audit["recorded_provenance"]["unique_behavior_sources"] == 1
+    assert (
+        receipt["recorded_behavior_replay"]["checked_tokens"] == audit["importance_sampling"]["action_tokens"]
+    )
+    assert receipt["recorded_behavior_replay"]["max_abs_logprob_difference"] < 1e-3
