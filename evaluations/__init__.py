@@ -1,0 +1,1 @@
+"""Evaluations: datasets and splits, suites, eval jobs, scorers (and their sandbox), gates."""
