@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from kiln_project.cli import accounts_cmd, jobs_cmd, model_cmd, serve, train_cmd, worker
+from kiln_project.cli import accounts_cmd, jobs_cmd, model_cmd, rollout_cmd, serve, train_cmd, worker
 from kiln_project.cli.client import CliError, default_url
 
 
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_cmd.add_parser(sub)
     jobs_cmd.add_parser(sub, common)
     train_cmd.add_parser(sub, common)
+    rollout_cmd.add_parser(sub, common)
     return parser
 
 

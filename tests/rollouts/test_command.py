@@ -1,0 +1,147 @@
+"""`kiln rollout-generate` end to end against a fake server: real scorer sandbox, real files.
+
+The server is faked at the KilnClient boundary (answers built like runtime_host's); the scorer is
+the example scorer run through evaluations.sandbox, sandboxed and not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln_project.cli import main as cli_main
+from kiln_project.cli import rollout_cmd
+from tests.rollouts.fakes import FakeServer
+from training.groups import admit_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "grpo-math"
+
+
+class FakeClient:
+    server = FakeServer()
+    fail = None
+
+    def __init__(self, url=None, token=None, timeout=30.0):
+        self.url = url or "http://fake"
+
+    def post(self, path, json=None):
+        assert path == "/v1/chat/completions"
+        return type(self).server(json)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    lines = (EXAMPLE / "tasks.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+    shutil.copy(EXAMPLE / "request.json", tmp_path / "request.json")
+    shutil.copy(EXAMPLE / "score_math.py", tmp_path / "score_math.py")
+    tmp_path.chmod(0o755)  # the sandbox user must be able to read the scorer
+    monkeypatch.setattr(rollout_cmd, "KilnClient", FakeClient)
+    FakeClient.server = FakeServer()
+    return tmp_path
+
+
+def argv(workdir, *extra, adapter="base"):
+    return ["rollout-generate", "--adapter", adapter, "--thinking", "false", "--tasks", str(workdir / "tasks.jsonl"),
+            "--seeds", "4", "--seed-start", "42", "--request-template", str(workdir / "request.json"),
+            "--scorer", str(workdir / "score_math.py"), "--output", str(workdir / "r.rollouts.jsonl"),
+            "--summary-output", str(workdir / "r.summary.json"), "--concurrency", "3", *extra]
+
+
+def test_generates_validated_scored_rollouts_and_a_summary(workdir, capsys):
+    assert cli_main.main(argv(workdir)) == 0
+    out = capsys.readouterr()
+    assert "wrote 3 groups (12 rollouts)" in out.out
+    data = (workdir / "r.rollouts.jsonl").read_bytes()
+    corpus = admit_jsonl(data)
+    assert corpus.jsonl == data and corpus.rollouts == corpus.with_provenance == 12
+    summary = json.loads((workdir / "r.summary.json").read_text())
+    assert summary["output"]["sha256"] == corpus.sha256
+    assert summary["stats"]["mean_reward"] == 0.5  # the fake answers right on even seeds
+    assert (summary["stats"]["min_reward"], summary["stats"]["max_reward"]) == (0.0, 1.0)
+    assert summary["stats"]["groups_without_contrast"] == 0
+    assert summary["scorer"]["sandboxed"] is True and summary["scorer"]["unsandboxed_requested"] is False
+    assert summary["scorer"]["mechanisms"][0].startswith("bubblewrap")
+    assert summary["seeds"] == {"start": 42, "count": 4, "last": 45}
+    assert [r["scorer_raw_output"] for r in summary["requests"][:2]] == ["1.0\n", "0.0\n"]
+    sent = sorted((b["messages"][0]["content"], b["seed"]) for b in FakeClient.server.bodies)
+    assert len(sent) == len(set(sent)) == 12 and {seed for _, seed in sent} == {42, 43, 44, 45}
+    assert all(b["adapter"] == "base" and b["rollout_provenance"] is True for b in FakeClient.server.bodies)
+    assert sorted(p.name for p in workdir.iterdir()) == ["r.rollouts.jsonl", "r.summary.json", "request.json",
+                                                         "score_math.py", "tasks.jsonl"]
+
+
+def test_unsandboxed_scorer_is_warned_about_and_recorded(workdir, capsys):
+    assert cli_main.main(argv(workdir, "--unsandboxed-scorer", "--json")) == 0
+    out = capsys.readouterr()
+    assert "--unsandboxed-scorer" in out.err and "WITHOUT a sandbox" in out.err
+    assert json.loads(out.out)["stats"]["count"] == 12
+    summary = json.loads((workdir / "r.summary.json").read_text())
+    assert summary["scorer"]["sandboxed"] is False and summary["scorer"]["unsandboxed_requested"] is True
+
+
+def _existing(workdir):
+    (workdir / "r.rollouts.jsonl").write_text("previous rollouts\n")
+    (workdir / "r.summary.json").write_text('{"previous": true}\n')
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (workdir / "r.rollouts.jsonl", workdir / "r.summary.json")}
+
+
+def _untouched(workdir, before):
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in before} == before
+    assert not [p.name for p in workdir.iterdir() if p.name.startswith(".")]
+
+
+def test_a_drifted_response_fails_with_one_line_and_writes_nothing(workdir, capsys):
+    before = _existing(workdir)
+
+    def tamper(body, response):
+        if body["seed"] == 44:
+            response["choices"][0]["rollout_provenance"]["sampling"]["temperature"] = 0.5
+
+    FakeClient.server = FakeServer(tamper)
+    assert cli_main.main(argv(workdir)) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("error: rollout_check_failed: task 'train-") and ", seed 44, check sampling:" in err
+    _untouched(workdir, before)
+
+
+def test_a_scorer_crash_names_task_seed_and_stderr_and_writes_nothing(workdir, capsys):
+    before = _existing(workdir)
+    scorer = workdir / "score_math.py"
+    scorer.write_text(scorer.read_text().replace('row["task"]["answer"]', 'row["task"]["missing_field"]'))
+    assert cli_main.main(argv(workdir)) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: scorer_crashed: task 'train-")
+    assert re.search(r", seed 4[2-5]: scorer failed \(scorer_crashed\)", err) and "KeyError: 'missing_field'" in err
+    _untouched(workdir, before)
+
+
+def test_refusals_happen_before_any_request(workdir, capsys):
+    template = json.loads((workdir / "request.json").read_text())
+    (workdir / "request.json").write_text(json.dumps({**template, "n": 4}))
+    assert cli_main.main(argv(workdir)) == 1
+    assert "template_owned_field" in capsys.readouterr().err and FakeClient.server.bodies == []
+    (workdir / "request.json").write_text(json.dumps(template))
+    assert cli_main.main(argv(workdir, "--thinking-budget-tokens", "8")) == 1
+    assert "needs --thinking true" in capsys.readouterr().err
+    (workdir / "score_math.py").chmod(0o644)
+    assert cli_main.main(argv(workdir)) == 1
+    assert "scorer_not_executable" in capsys.readouterr().err
+    assert cli_main.main([*argv(workdir)[:-6], "--output", str(workdir / "nodir" / "x.jsonl")]) == 1
+    assert "output_directory_missing" in capsys.readouterr().err
+    assert FakeClient.server.bodies == []
+
+
+def test_the_command_module_stays_light():
+    code = ("import sys, kiln_project.cli.main, kiln_project.cli.rollout_cmd;"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'django', 'peft')))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr

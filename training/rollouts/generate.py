@@ -1,0 +1,163 @@
+"""Plan, send, validate and score every (task, seed) request. Pure module: no Django, no torch, no HTTP.
+
+The caller supplies the transport and the scorer as callables, so the command wires in KilnClient
+and the scorer sandbox while tests use fakes:
+
+- `post(body) -> dict` sends one /v1/chat/completions body and returns the parsed response; an
+  exception with `code`/`message` attributes (CliError) is reported as the request's failure;
+- `score(payload) -> result` runs the scorer on the payload and returns an object with `reward`,
+  `raw_output`, `stderr_tail`, `elapsed_ms`, `sandboxed`, `mechanism` (ScorerResult); an
+  exception with `code`/`message`/`stderr_tail` (ScorerError) is the scorer's failure.
+
+Every request body is rendered (and checked as the server would) before the first one is sent.
+Requests run on up to `concurrency` daemon threads; the first failure stops the run at once and
+is raised as a RolloutError naming the task and seed (requests already in flight are abandoned).
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from training.rollouts.errors import RolloutError, one_line
+from training.rollouts.template import RenderOptions, Task, parse_request, render_request
+from training.rollouts.validation import CheckedRollout, validate_response
+
+STDERR_TAIL_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    index: int  # position in output order (task order, then seed order)
+    task: Task
+    seed: int
+    body: dict  # the exact request body
+    parsed: object  # the server's ChatCompletionRequest model of it
+
+
+@dataclass
+class ScoredRollout:
+    planned: PlannedRequest
+    checked: CheckedRollout
+    reward: float
+    latency_ms: float
+    scorer_raw_output: str
+    scorer_stderr_tail: str
+    scorer_elapsed_ms: float
+    sandboxed: bool
+    mechanism: str
+
+
+def plan_requests(template: dict, tasks: list[Task], seeds: list[int], options: RenderOptions) -> list[PlannedRequest]:
+    """Render every body up front; a group shares one prompt, so messages may not vary with the seed."""
+    planned = []
+    for task in tasks:
+        messages = None
+        for seed in seeds:
+            body = render_request(template, task, seed=seed, options=options)
+            if messages is None:
+                messages = body["messages"]
+            elif body["messages"] != messages:
+                raise RolloutError("template_invalid", "the rendered messages differ between seeds; a GRPO group "
+                                   "shares one prompt, so do not use {{seed}} inside messages", task_id=task.id,
+                                   seed=seed)
+            planned.append(PlannedRequest(len(planned), task, seed, body, parse_request(body, task)))
+    return planned
+
+
+def _request_failure(exc: Exception, item: PlannedRequest) -> RolloutError:
+    code = getattr(exc, "code", None) or "request_failed"
+    message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+    return RolloutError(code, f"chat completion request failed: {message}", task_id=item.task.id, seed=item.seed,
+                        hint=getattr(exc, "hint", "") or "")
+
+
+def _scorer_failure(exc: Exception, item: PlannedRequest) -> RolloutError:
+    code = getattr(exc, "code", None) or "scorer_failed"
+    message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+    tail = one_line(getattr(exc, "stderr_tail", "") or "", STDERR_TAIL_CHARS)
+    text = f"scorer failed ({code}): {message}" + (f"; scorer stderr tail: {tail}" if tail else "; scorer stderr: (empty)")
+    return RolloutError(code, text, task_id=item.task.id, seed=item.seed)
+
+
+def run_one(item: PlannedRequest, *, post: Callable, score: Callable, options: RenderOptions) -> ScoredRollout:
+    started = time.perf_counter()
+    try:
+        response = post(item.body)
+    except RolloutError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every transport failure names the task and seed
+        raise _request_failure(exc, item) from None
+    latency_ms = round((time.perf_counter() - started) * 1000, 3)
+    checked = validate_response(response, task=item.task, seed=item.seed, body=item.body, parsed=item.parsed,
+                                options=options)
+    payload = {
+        "task": item.task.fields,
+        "request": item.body,
+        "response": response,
+        "content": checked.content,
+        "usage": response.get("usage"),
+        "adapter": "base" if options.is_base else options.adapter,
+        "seed": item.seed,
+        "latency_ms": latency_ms,
+    }
+    try:
+        result = score(payload)
+    except Exception as exc:  # noqa: BLE001 - ScorerError and anything else the sandbox raises
+        raise _scorer_failure(exc, item) from None
+    reward = getattr(result, "reward", None)
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise RolloutError("scorer_output_invalid", f"the scorer returned reward {reward!r}; it must be a finite "
+                           "number", task_id=item.task.id, seed=item.seed)
+    return ScoredRollout(
+        planned=item, checked=checked, reward=float(reward), latency_ms=latency_ms,
+        scorer_raw_output=str(getattr(result, "raw_output", "")),
+        scorer_stderr_tail=str(getattr(result, "stderr_tail", "") or "")[-STDERR_TAIL_CHARS:],
+        scorer_elapsed_ms=float(getattr(result, "elapsed_ms", 0.0) or 0.0),
+        sandboxed=bool(getattr(result, "sandboxed", False)), mechanism=str(getattr(result, "mechanism", "")),
+    )
+
+
+def run_requests(planned: list[PlannedRequest], *, post: Callable, score: Callable, options: RenderOptions,
+                 concurrency: int = 4, on_progress: Callable[[int, int, str], None] | None = None) -> list[ScoredRollout]:
+    """Every planned request, in plan order; raises the first failure (a RolloutError)."""
+    if concurrency < 1:
+        raise RolloutError("invalid_argument", "--concurrency must be at least 1")
+    work: queue.SimpleQueue = queue.SimpleQueue()
+    for item in planned:
+        work.put(item)
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            try:
+                item = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                finished.put((item, run_one(item, post=post, score=score, options=options), None))
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                finished.put((item, None, exc))
+
+    for number in range(min(concurrency, len(planned))):
+        threading.Thread(target=worker, name=f"kiln-rollout-{number}", daemon=True).start()
+    results: list[ScoredRollout | None] = [None] * len(planned)
+    try:
+        for done in range(1, len(planned) + 1):
+            item, result, error = finished.get()
+            if error is not None:
+                if isinstance(error, RolloutError):
+                    raise error
+                raise RolloutError("internal_error", f"{type(error).__name__}: {error}", task_id=item.task.id,
+                                   seed=item.seed) from error
+            results[item.index] = result
+            if on_progress is not None:
+                on_progress(done, len(planned), f"{item.task.id} seed {item.seed}")
+    finally:
+        stop.set()
+    return results  # type: ignore[return-value]
