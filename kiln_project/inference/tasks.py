@@ -1,19 +1,22 @@
 """The `infer` queue's actor. It runs in the GPU worker, where the model is resident.
 
-Imports of torch and gpu_runtime stay inside the function: the web process imports this module
-to send messages and must never load torch.
+The web process imports this module to send messages and must never load torch, so the worker-side
+handler is looked up by name when a message runs (the same rule job kinds follow).
 """
 
 from __future__ import annotations
 
+from importlib import import_module
+
 import dramatiq
+
+WORKER_HANDLER = "kiln_project.inference.runtime_host"
 
 INFER_TIME_LIMIT_MS = 15 * 60 * 1000
 
 
 @dramatiq.actor(queue_name="infer", max_retries=0, time_limit=INFER_TIME_LIMIT_MS)
 def run_chat_completion(request_id: str, body: dict) -> None:
-    from kiln_project.inference.runtime_host import handle_chat_completion
     from kiln_project.inference.transport import WorkerEmitter
 
-    handle_chat_completion(body, WorkerEmitter(request_id).emit)
+    import_module(WORKER_HANDLER).handle_chat_completion(body, WorkerEmitter(request_id).emit)
