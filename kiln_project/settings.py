@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "kiln_project.ui",
     "adapters",
     "training",
+    "evaluations",
 ]
 
 MIDDLEWARE = [

@@ -12,6 +12,7 @@ from django.template.loader import render_to_string
 from kiln_project.jobs import selectors
 from kiln_project.jobs.kinds import get_job_kind
 from kiln_project.ui import training_fragments
+from training import rollout_selectors
 
 TABLE = "ui/jobs/table.html"
 DETAIL = "ui/jobs/detail.html"
@@ -39,7 +40,8 @@ def job_in_category(job, category: str | None) -> bool:
 
 
 def job_detail_context(job) -> dict:
-    """Everything the live part of the job page shows (plus its training section for GRPO jobs)."""
+    """Everything the live part of the job page shows (plus its training section for GRPO jobs, and
+    its rollouts section for rollout generation jobs)."""
     training = training_fragments.is_training_job(job)
     return {
         "job": job,
@@ -47,6 +49,7 @@ def job_detail_context(job) -> dict:
         "queue_position": selectors.job_queue_position(job=job),
         "metrics": training_fragments.metrics_without_histories(job) if training else (job.metrics or {}),
         "training": training_fragments.training_section(job) if training else None,
+        "rollouts": rollout_selectors.rollouts_section(job) if rollout_selectors.is_rollouts_job(job) else None,
     }
 
 

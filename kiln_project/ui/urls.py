@@ -5,6 +5,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from kiln_project.ui import views
+from training import rollout_views
 from training import views as training_views
 
 app_name = "ui"
@@ -14,6 +15,10 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("training/", RedirectView.as_view(pattern_name="ui:training_grpo", permanent=False), name="training"),
     path("training/grpo/", training_views.grpo_page, name="training_grpo"),
+    path("training/rollouts/", rollout_views.rollouts_page, name="training_rollouts"),
+    path("training/rollouts/scorers/", rollout_views.scorer_register_view, name="scorer_register"),
+    path("training/rollouts/<uuid:job_id>/files/<str:name>", rollout_views.rollout_file_view, name="rollout_file"),
+    path("training/rollouts/<uuid:job_id>/train/", rollout_views.rollouts_train_view, name="rollouts_train"),
     path("training/openenv/", views.training_openenv, name="training_openenv"),
     path("adapters/", views.adapters, name="adapters"),
     path("adapters/<str:name>/", views.adapter_detail, name="adapter_detail"),

@@ -1,0 +1,127 @@
+"""A synchronous, in-cluster /v1/chat/completions for worker-side jobs (no HTTP, no event loop).
+
+A control-queue job (e.g. `rollouts.generate`) may not know the web server's URL, so it talks to
+the GPU worker the way the web process does: validate the body with the server's own contract
+(`schemas.ChatCompletionRequest`), check the serving profile and that a live GPU worker has the
+model loaded, send the `infer` actor message, and BLPOP the request's Redis event list
+(transport.py) until `done` (the response) or `error` (raised as KilnError with the event's
+code, message, hint and status). Non-streaming only.
+
+Imports no torch and no gpu_runtime (the actor module imports them only inside its function).
+Thread-safe: jobs call it from several threads at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import uuid
+
+from pydantic import ValidationError
+
+from kiln_project.errors import KilnError
+from kiln_project.inference.schemas import MAX_N, MAX_TOKENS_CAP, ChatCompletionRequest
+from kiln_project.inference.transport import events_key
+
+FIRST_EVENT_TIMEOUT = 300.0  # as the API: a busy GPU worker may finish a training group first
+IDLE_TIMEOUT = 120.0
+
+_clients: dict[str, object] = {}
+_clients_lock = threading.Lock()
+
+
+def _redis():
+    """One sync client (and connection pool) per Redis URL for the process."""
+    import redis
+
+    from kiln_project.inference.transport import _redis_url
+
+    url = _redis_url()
+    with _clients_lock:
+        client = _clients.get(url)
+        if client is None:
+            client = _clients[url] = redis.Redis.from_url(url)
+    return client
+
+
+def validate_body(body) -> ChatCompletionRequest:
+    """The server's own parse of `body`, with the API's caps; KilnError on a refusal."""
+    if not isinstance(body, dict):
+        raise KilnError("validation_error", "the chat completion body must be a JSON object", status=422)
+    try:
+        parsed = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid request")
+        raise KilnError("validation_error", message, status=422,
+                        hint=f"{len(exc.errors())} problem(s) in the request") from None
+    if parsed.n > MAX_N:
+        raise KilnError("n_too_large", f"n is {parsed.n}; at most {MAX_N} choices per request", status=400,
+                        hint="send several requests instead")
+    if (parsed.effective_max_tokens or 0) > MAX_TOKENS_CAP:
+        raise KilnError("max_tokens_too_large", f"max_tokens is {parsed.effective_max_tokens}; the cap is "
+                        f"{MAX_TOKENS_CAP}", status=400)
+    if parsed.stream:
+        raise KilnError("stream_unsupported", "the in-cluster client answers whole responses only; send "
+                        "stream=false", status=400)
+    return parsed
+
+
+def _error_from_event(event: dict) -> KilnError:
+    try:
+        status = int(event.get("status", 500))
+    except (TypeError, ValueError):
+        status = 500
+    return KilnError(event.get("code") or "inference_failed", event.get("message") or "inference failed",
+                     hint=event.get("hint") or "", status=status)
+
+
+def chat_completion_sync(body: dict, timeout: float = 900.0) -> dict:
+    """Run one chat completion on the GPU worker and return the OpenAI-shaped response.
+
+    `timeout` bounds the whole call (queueing included); within it the worker must answer within
+    FIRST_EVENT_TIMEOUT and then go no longer than IDLE_TIMEOUT between events.
+    """
+    from kiln_project.inference.selectors import require_inference_ready
+    from kiln_project.profiles import require_profile_allows
+
+    require_profile_allows("inference")
+    parsed = validate_body(body)
+    require_inference_ready()
+    if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+
+    from kiln_project.inference.tasks import run_chat_completion
+
+    client = _redis()
+    request_id = uuid.uuid4().hex
+    key = events_key(request_id)
+    deadline = time.monotonic() + timeout
+    wait = FIRST_EVENT_TIMEOUT
+    try:
+        run_chat_completion.send(request_id, parsed.model_dump(mode="json"))
+        while True:
+            remaining = deadline - time.monotonic()
+            step = min(wait, remaining)
+            if step <= 0:
+                raise KilnError("inference_timeout", f"no complete answer from the GPU worker within {timeout:.0f}s",
+                                status=504, hint="the GPU worker may be busy or stopped; see /health")
+            # Whole seconds (at least 1): BLPOP's timeout 0 would block forever.
+            item = client.blpop([key], timeout=max(1, math.ceil(step)))
+            if item is None:
+                raise KilnError("inference_timeout", f"no answer from the GPU worker within {step:.0f}s",
+                                status=504, hint="the GPU worker may be busy or stopped; see /health")
+            event = json.loads(item[1])
+            if event.get("type") == "done":
+                return event["response"]
+            if event.get("type") == "error":
+                raise _error_from_event(event)
+            wait = IDLE_TIMEOUT
+    finally:
+        try:
+            client.delete(key)
+        except Exception:  # noqa: BLE001 - the list expires anyway (transport.EVENT_TTL_SECONDS)
+            pass
