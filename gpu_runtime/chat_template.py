@@ -21,7 +21,14 @@ THINK_CLOSE = "</think>"
 # Control tokens: never produced by ordinary text, removed by decode(skip_special_tokens=True).
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 # Added but not "special": they must survive decoding so reasoning can be split from content.
-MARKUP_TOKENS = [THINK_OPEN, THINK_CLOSE, "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+MARKUP_TOKENS = [
+    THINK_OPEN,
+    THINK_CLOSE,
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
 
 # Whitespace control: every tag trims to its left ({%- / {{-), so the template's own line breaks
 # and indentation never reach the rendered prompt; every emitted newline is written explicitly.

@@ -93,6 +93,8 @@ def tokenizer_identity(tokenizer) -> dict:
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
     return {
         "vocab_sha256": json_digest(vocab),
-        "config_sha256": json_digest({"pipeline": pipeline, "special_tokens": {k: str(v) if v else None for k, v in specials.items()}}),
+        "config_sha256": json_digest(
+            {"pipeline": pipeline, "special_tokens": {k: str(v) if v else None for k, v in specials.items()}}
+        ),
         "chat_template_sha256": sha256_digest(template.encode("utf-8")),
     }

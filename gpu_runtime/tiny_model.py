@@ -29,38 +29,42 @@ from kiln_project.canonical import json_digest
 
 RECIPE_SCHEMA = "kiln.tiny-model.v1"
 RECIPE_FILE = "kiln_tiny_model.json"
-DEFAULT_WARM_STEPS = 900
+DEFAULT_WARM_STEPS = 500
 VOCAB_SIZE = 1024
 MODEL_SHAPE = {
-    "hidden_size": 128,
-    "intermediate_size": 384,
-    "num_hidden_layers": 4,
+    "hidden_size": 96,
+    "intermediate_size": 288,
+    "num_hidden_layers": 3,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 32,
+    "head_dim": 24,
 }
 BATCH_SIZE = 64
+MICRO_BATCHES = 2  # length-sorted slices of each batch, run one after another
 LEARNING_RATE = 3e-3
-WARM_THREADS = 2  # fixed, not "all cores": GEMM reductions split differently with other counts
+WARM_THREADS = 1  # fixed: GEMM reductions split differently with other counts, and one thread
+# stays fast when other processes share the CPU (OpenMP threads that spin on a busy core do not)
 THINKING_FRACTION = 0.25
 SYSTEM_FRACTION = 0.3
 EVAL_PROMPTS = 200
 EVAL_TEMPERATURE = 0.9
 EVAL_SEED = 7
 # Qwen2/Qwen3 pre-tokenizer: digits split one by one, words keep a leading space.
-QWEN_SPLIT_PATTERN = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN_SPLIT_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
-def create_tiny_model(out_dir: Path, *, seed: int = 0, warm_steps: int = DEFAULT_WARM_STEPS) -> dict:
+def create_tiny_model(
+    out_dir: Path, *, seed: int = 0, warm_steps: int = DEFAULT_WARM_STEPS, overwrite: bool = False
+) -> dict:
     """Build, warm, evaluate and atomically publish the tiny model into `out_dir`; return a summary.
 
-    `out_dir` must not exist or be empty. The summary has the recipe written to
-    `kiln_tiny_model.json` plus `warm_seconds`, `total_seconds` and `path`.
+    `out_dir` must not exist or be an empty directory, unless `overwrite` is set: then an existing
+    directory is replaced only once the new model is complete. The summary has the recipe written
+    to `kiln_tiny_model.json` plus `path`, `weights_sha256`, `warm_seconds` and `total_seconds`.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    occupied = out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
+    if occupied and not (overwrite and out_dir.is_dir()):
         raise FileExistsError(f"{out_dir} exists and is not an empty directory")
     if warm_steps < 0:
         raise ValueError("warm_steps must be >= 0")
@@ -79,7 +83,10 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, warm_steps: int = DEFAULT
         "seed": seed,
         "warm_steps": warm_steps,
         "batch_size": BATCH_SIZE,
+        "micro_batches": MICRO_BATCHES,
         "learning_rate": LEARNING_RATE,
+        "thinking_fraction": THINKING_FRACTION,
+        "system_fraction": SYSTEM_FRACTION,
         "threads": WARM_THREADS,
         "model_shape": dict(MODEL_SHAPE, vocab_size=len(tokenizer)),
         "corpus_sha256": json_digest(corpus),
@@ -146,7 +153,9 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(config).to(torch.float32)
 
 
-def encode_examples(tokenizer, examples: list[Example], flags: list[tuple[bool, bool]]) -> list[tuple[list[int], int]]:
+def encode_examples(
+    tokenizer, examples: list[Example], flags: list[tuple[bool, bool]]
+) -> list[tuple[list[int], int]]:
     """Tokenise (prompt, answer) pairs exactly as the sampler sees them: prompt ids, then answer ids.
 
     `flags` holds (thinking, with_system) per example. Prompts are rendered through the chat
@@ -196,29 +205,57 @@ def warm_up(model, tokenizer, *, seed: int, steps: int) -> list[float]:
     model.train()
     losses = []
     for step in range(steps):
-        batch = encoded[step * BATCH_SIZE : (step + 1) * BATCH_SIZE]
-        width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, (ids, n_prompt) in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            labels[row, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
-            attention[row, : len(ids)] = 1
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        batch = sorted(encoded[step * BATCH_SIZE : (step + 1) * BATCH_SIZE], key=lambda item: len(item[0]))
+        answer_tokens = sum(len(ids) - n_prompt for ids, n_prompt in batch)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total = 0.0
+        # Same batch, same objective (mean over all answer tokens), but run as a short half and a
+        # long half: padding every row to the longest example wasted about a third of the compute.
+        for part in _split(batch, MICRO_BATCHES):
+            input_ids, attention, labels = _pad(part, pad_id)
+            hidden = model.model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            # Project only the positions that predict an answer token (a sixth of the compute).
+            targets = labels[:, 1:]
+            picked = hidden[:, :-1][targets != -100]
+            token_losses = torch.nn.functional.cross_entropy(
+                model.lm_head(picked), targets[targets != -100], reduction="sum"
+            )
+            (token_losses / answer_tokens).backward()
+            total += float(token_losses.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
-        losses.append(float(loss))
+        losses.append(total / answer_tokens)
     model.eval()
     return losses
 
 
+def _split(rows: list, parts: int) -> list[list]:
+    size = -(-len(rows) // parts)
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def _pad(rows: list[tuple[list[int], int]], pad_id: int):
+    """Right-padded input ids, attention mask and labels (-100 outside the answer) for `rows`."""
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, (ids, n_prompt) in enumerate(rows):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
+        attention[row, : len(ids)] = 1
+    return input_ids, attention, labels
+
+
 @torch.inference_mode()
 def measure_accuracy(
-    model, tokenizer, *, count: int = EVAL_PROMPTS, temperature: float = EVAL_TEMPERATURE, seed: int = EVAL_SEED
+    model,
+    tokenizer,
+    *,
+    count: int = EVAL_PROMPTS,
+    temperature: float = EVAL_TEMPERATURE,
+    seed: int = EVAL_SEED,
 ) -> dict:
     """Sample one answer per held-out arithmetic prompt (thinking off) and count exact matches.
 
@@ -288,18 +325,27 @@ def _publish(out_dir: Path, model, tokenizer, recipe: dict) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     try:
         model.generation_config = GenerationConfig(
-            eos_token_id=[tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)],
+            eos_token_id=[
+                tokenizer.convert_tokens_to_ids(IM_END),
+                tokenizer.convert_tokens_to_ids(ENDOFTEXT),
+            ],
             pad_token_id=tokenizer.pad_token_id,
         )
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / RECIPE_FILE).write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
         for path in staging.iterdir():
+            os.chmod(path, 0o644)  # safetensors writes 0600; a server running as another user must read it
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
         if out_dir.exists():
-            out_dir.rmdir()  # checked empty above
-        os.rename(staging, out_dir)
+            # Swap: the old directory (empty, or replaced on request) leaves only after the new one is whole.
+            retired = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+            os.rename(out_dir, retired)
+            os.rename(staging, out_dir)
+            shutil.rmtree(retired)
+        else:
+            os.rename(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -1,9 +1,10 @@
 """Synthetic tasks and the built-in tokenizer corpus for Kiln's tiny model. Pure Python; imports no Django.
 
 Three task families, all rendered as one user turn and a short assistant answer:
-- arithmetic: "What is 47 + 13? Reply with just the number." -> "60" (sums and non-negative
-  differences of numbers below 100). About one pair in ten is held out of warm-up by a hash of
-  the question, so accuracy on those measures generalisation rather than recall;
+- arithmetic: "What is 47 + 13? Reply with just the number." -> "60": sums of two operands,
+  each one digit or two with even odds, so questions range from easy to hard. About one pair in
+  ten is held out of warm-up by a hash of the question, so accuracy on those measures
+  generalisation rather than recall;
 - JSON: 'Reply with one JSON object that sets "delta" to 2.' -> '{"delta": 2}';
 - a handful of chat lines, so a greeting gets a sentence back instead of noise.
 With thinking on, answers carry a one-line reasoning ("47 + 13 = 60") before `</think>`.
@@ -16,9 +17,9 @@ import random
 from dataclasses import dataclass
 
 ARITHMETIC_PHRASINGS = (
-    "What is {a} {op} {b}? Reply with just the number.",
-    "Compute {a} {op} {b}. Reply with just the number.",
-    "{a} {op} {b} = ? Reply with just the number.",
+    "What is {a} + {b}? Reply with just the number.",
+    "Compute {a} + {b}. Reply with just the number.",
+    "{a} + {b} = ? Reply with just the number.",
 )
 JSON_KEYS = ("delta", "amount", "arm", "value", "count", "step", "move", "index")
 JSON_PHRASINGS = (
@@ -30,7 +31,7 @@ CHAT_PAIRS = (
     ("Hello!", "Hello! How can I help you today?"),
     ("Hi there.", "Hi! What would you like to work on?"),
     ("Who are you?", "I am the tiny model that ships with Kiln."),
-    ("What can you do?", "I can add and subtract small numbers and write short JSON objects."),
+    ("What can you do?", "I can add small numbers and write short JSON objects."),
     ("Thank you.", "You are welcome."),
     ("Tell me a fact.", "Water boils at 100 degrees Celsius at sea level."),
 )
@@ -46,6 +47,24 @@ The quick brown fox jumps over the lazy dog. A small model can still learn simpl
 add two numbers, how to answer with a short sentence, and how to write one line of JSON.
 Please think step by step, then give the final answer. The answer is a number. The result is ready.
 You are a helpful assistant. You may call one or more functions to assist with the user query.
+Training data arrives in groups. Each group holds several completions for the same prompt, and
+each completion has a reward. Completions that beat their group's average are reinforced, and the
+others are discouraged. A reviewer reads the evaluation report, compares the candidate with the
+baseline on questions it never saw, and decides whether to promote it.
+Good morning! How are you today? I would like to know what time the meeting starts tomorrow.
+Please write a short summary of the document, then list three questions about it. Thanks for
+your help; the weather was lovely this weekend, and we walked along the river near the old bridge.
+Numbers, dates and names matter: write the year, the month and the day clearly. Check each
+calculation twice before you answer, because a careful answer is better than a quick guess.
+The server returned an error code, so the client retried the request after a short delay.
+Open the file, read every line, count the words, and print the total at the end of the report.
+Science explains how plants turn sunlight into energy, why the ocean has tides, and how birds
+navigate across continents. History remembers kings, farmers, inventors and travellers; music and
+painting remember feelings. Children learn to summarize stories, organize ideas and recognize
+patterns long before they study algebra, chemistry, physics or biology at school.
+Computers store information in memory, process instructions quickly, and communicate over
+networks. Developers describe functions, variables, parameters, objects and exceptions, and they
+test their programs thoroughly so that users can rely on them every single day.
 """
 
 
@@ -59,55 +78,59 @@ class Example:
     reasoning: str
 
 
-def arithmetic_answer(a: int, op: str, b: int) -> int:
-    return a + b if op == "+" else a - b
-
-
-def is_held_out(a: int, op: str, b: int) -> bool:
+def is_held_out(a: int, b: int) -> bool:
     """About 10% of operand pairs never appear in warm-up; a hash keeps the split stable."""
-    digest = hashlib.sha256(f"{a}{op}{b}".encode()).digest()
+    digest = hashlib.sha256(f"{a}+{b}".encode()).digest()
     return digest[0] % 10 == 0
 
 
-def arithmetic_pairs(*, held_out: bool) -> list[tuple[int, str, int]]:
-    pairs = [(a, "+", b) for a in range(100) for b in range(100)]
-    pairs += [(a, "-", b) for a in range(100) for b in range(a + 1)]
-    return [p for p in pairs if is_held_out(*p) == held_out]
+def draw_operand(rng: random.Random) -> int:
+    """One digit or two, with even odds: single-digit sums are learnt first, so the questions span
+    easy to hard and a GRPO group on a middling question sees both right and wrong answers."""
+    return rng.randrange(10) if rng.random() < 0.5 else rng.randrange(10, 100)
 
 
-def arithmetic_example(a: int, op: str, b: int, phrasing: int = 0) -> Example:
-    answer = str(arithmetic_answer(a, op, b))
-    question = ARITHMETIC_PHRASINGS[phrasing].format(a=a, op=op, b=b)
-    return Example("arithmetic", question, answer, f"{a} {op} {b} = {answer}")
+def draw_arithmetic(rng: random.Random, *, held_out: bool) -> tuple[int, int]:
+    """Random operands (a, b) of a sum on the requested side of the held-out split.
+
+    Addition only: with subtraction mixed in, the warm-up budget leaves the model below 25% on
+    held-out sums instead of around half (measured; see docs/tiny-model.md)."""
+    while True:
+        a, b = draw_operand(rng), draw_operand(rng)
+        if is_held_out(a, b) == held_out:
+            return a, b
+
+
+def arithmetic_example(a: int, b: int, phrasing: int = 0) -> Example:
+    question = ARITHMETIC_PHRASINGS[phrasing].format(a=a, b=b)
+    return Example("arithmetic", question, str(a + b), f"{a} + {b} = {a + b}")
 
 
 def held_out_arithmetic(count: int, *, seed: int = 1234) -> list[Example]:
     """A fixed sample of held-out questions in the guide's phrasing ("What is ...? Reply with just the number.")."""
     rng = random.Random(seed)
-    pairs = rng.sample(arithmetic_pairs(held_out=True), count)
-    return [arithmetic_example(a, op, b) for a, op, b in pairs]
+    return [arithmetic_example(*draw_arithmetic(rng, held_out=True)) for _ in range(count)]
 
 
 class TaskSampler:
-    """Deterministic stream of warm-up examples (arithmetic 75%, JSON 20%, chat 5%)."""
+    """Deterministic stream of warm-up examples (arithmetic 82%, JSON 15%, chat 3%)."""
 
     def __init__(self, seed: int):
         self._rng = random.Random(seed)
-        self._pairs = arithmetic_pairs(held_out=False)
 
     def sample(self) -> Example:
         rng = self._rng
         roll = rng.random()
-        if roll < 0.75:
-            a, op, b = rng.choice(self._pairs)
-            return arithmetic_example(a, op, b, rng.randrange(len(ARITHMETIC_PHRASINGS)))
-        if roll < 0.95:
+        if roll < 0.82:
+            a, b = draw_arithmetic(rng, held_out=False)
+            return arithmetic_example(a, b, rng.randrange(len(ARITHMETIC_PHRASINGS)))
+        if roll < 0.97:
             key = rng.choice(JSON_KEYS)
             value = rng.randint(-9, 20)
             question = rng.choice(JSON_PHRASINGS).format(key=key, value=value)
-            return Example("json", question, f'{{"{key}": {value}}}', f"The key is {key} and the value is {value}.")
+            return Example("json", question, f'{{"{key}": {value}}}', f"{key} = {value}")
         question, answer = rng.choice(CHAT_PAIRS)
-        return Example("chat", question, answer, "The user is chatting, so I answer briefly.")
+        return Example("chat", question, answer, "A short reply.")
 
     def coin(self, p: float) -> bool:
         return self._rng.random() < p
@@ -121,6 +144,6 @@ def tokenizer_corpus() -> list[str]:
         ex = sampler.sample()
         # Render roughly as the chat template would, so "\n\n" and the role words get merged.
         texts.append(f"user\n{ex.question}\nassistant\n\n{ex.reasoning}\n\n{ex.answer}\n")
-    for a, op, b in [(1, "+", 2), (10, "-", 3), (99, "+", 99)]:
-        texts.append(arithmetic_example(a, op, b).question)
+    for a, b in [(1, 2), (10, 3), (99, 99)]:
+        texts.append(arithmetic_example(a, b).question)
     return texts

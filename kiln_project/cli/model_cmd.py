@@ -28,7 +28,7 @@ def run(args) -> int:
         raise CliError("invalid_seed", "--seed must be a non-negative integer")
     from gpu_runtime.tiny_model import create_tiny_model  # torch: only this local command loads it
 
-    kwargs = {"seed": args.seed}
+    kwargs = {"seed": args.seed, "overwrite": args.force}
     if args.warm_steps is not None:
         kwargs["warm_steps"] = args.warm_steps
     summary = create_tiny_model(target, **kwargs)
