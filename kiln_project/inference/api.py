@@ -15,7 +15,8 @@ from ninja import Router
 
 from kiln_project.errors import KilnError
 from kiln_project.inference import selectors
-from kiln_project.inference.schemas import MAX_N, MAX_TOKENS_CAP, ChatCompletionRequest
+from kiln_project.inference.limits import check_caps, error_from_event
+from kiln_project.inference.schemas import ChatCompletionRequest
 from kiln_project.inference.transport import read_events
 from kiln_project.profiles import require_profile_allows
 
@@ -25,23 +26,9 @@ FIRST_EVENT_TIMEOUT = 300.0  # a busy GPU worker may finish a training group fir
 IDLE_TIMEOUT = 120.0
 
 
-def _check_caps(body: ChatCompletionRequest) -> None:
-    if body.n > MAX_N:
-        raise KilnError("n_too_large", f"n is {body.n}; at most {MAX_N} choices per request", status=400,
-                        hint="send several requests instead")
-    if (body.effective_max_tokens or 0) > MAX_TOKENS_CAP:
-        raise KilnError("max_tokens_too_large", f"max_tokens is {body.effective_max_tokens}; the cap is "
-                        f"{MAX_TOKENS_CAP}", status=400)
-
-
-def _error_from_event(event: dict) -> KilnError:
-    return KilnError(event.get("code", "inference_failed"), event.get("message", "inference failed"),
-                     hint=event.get("hint", ""), status=int(event.get("status", 500)))
-
-
 async def _start(body: ChatCompletionRequest) -> str:
     require_profile_allows("inference")
-    _check_caps(body)
+    check_caps(body)
     await sync_to_async(selectors.require_inference_ready)()
     request_id = uuid.uuid4().hex
     from kiln_project.inference.tasks import run_chat_completion
@@ -62,7 +49,7 @@ async def chat_completions(request, body: ChatCompletionRequest):
             if event["type"] == "done":
                 return event["response"]
             if event["type"] == "error":
-                raise _error_from_event(event)
+                raise error_from_event(event)
     except TimeoutError as exc:
         raise KilnError("inference_timeout", str(exc), status=504,
                         hint="the GPU worker may be busy or stopped; see /health") from None
@@ -79,7 +66,7 @@ async def _sse(events):
                 for chunk in event.get("final_chunks", []):
                     yield f"data: {json.dumps(chunk)}\n\n"
             elif event["type"] == "error":
-                yield f"data: {json.dumps(_error_from_event(event).envelope())}\n\n"
+                yield f"data: {json.dumps(error_from_event(event).envelope())}\n\n"
     except TimeoutError as exc:
         envelope = KilnError("inference_timeout", str(exc), status=504).envelope()
         yield f"data: {json.dumps(envelope)}\n\n"

@@ -22,7 +22,8 @@ import uuid
 from pydantic import ValidationError
 
 from kiln_project.errors import KilnError
-from kiln_project.inference.schemas import MAX_N, MAX_TOKENS_CAP, ChatCompletionRequest
+from kiln_project.inference.limits import check_caps, error_from_event
+from kiln_project.inference.schemas import ChatCompletionRequest
 from kiln_project.inference.transport import events_key
 
 FIRST_EVENT_TIMEOUT = 300.0  # as the API: a busy GPU worker may finish a training group first
@@ -58,25 +59,13 @@ def validate_body(body) -> ChatCompletionRequest:
         message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid request")
         raise KilnError("validation_error", message, status=422,
                         hint=f"{len(exc.errors())} problem(s) in the request") from None
-    if parsed.n > MAX_N:
-        raise KilnError("n_too_large", f"n is {parsed.n}; at most {MAX_N} choices per request", status=400,
-                        hint="send several requests instead")
-    if (parsed.effective_max_tokens or 0) > MAX_TOKENS_CAP:
-        raise KilnError("max_tokens_too_large", f"max_tokens is {parsed.effective_max_tokens}; the cap is "
-                        f"{MAX_TOKENS_CAP}", status=400)
+    check_caps(parsed)
     if parsed.stream:
         raise KilnError("stream_unsupported", "the in-cluster client answers whole responses only; send "
                         "stream=false", status=400)
     return parsed
 
 
-def _error_from_event(event: dict) -> KilnError:
-    try:
-        status = int(event.get("status", 500))
-    except (TypeError, ValueError):
-        status = 500
-    return KilnError(event.get("code") or "inference_failed", event.get("message") or "inference failed",
-                     hint=event.get("hint") or "", status=status)
 
 
 def chat_completion_sync(body: dict, timeout: float = 900.0) -> dict:
@@ -118,7 +107,7 @@ def chat_completion_sync(body: dict, timeout: float = 900.0) -> dict:
             if event.get("type") == "done":
                 return event["response"]
             if event.get("type") == "error":
-                raise _error_from_event(event)
+                raise error_from_event(event)
             wait = IDLE_TIMEOUT
     finally:
         try:
