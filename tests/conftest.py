@@ -34,3 +34,10 @@ def tiny_model_dir():
     from tests.support.tiny_cache import cached_tiny_model
 
     return cached_tiny_model()[0]
+
+
+# Property tests search the same examples on every run, so CI never meets a case a developer did not.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("kiln", derandomize=True, print_blob=True)
+_hypothesis_settings.load_profile("kiln")
