@@ -54,7 +54,8 @@ def test_api_training_publishes_an_adapter_with_a_receipt_and_serves_it(trainer_
     receipt = api.get("/v1/adapters/math-r001/receipt").json()
     assert receipt["status"] == "success" and receipt["adapter_name"] == "math-r001"
     assert receipt["grpo"]["policy_audit"]["schema"] == "kiln.grpo-policy-audit.v1"
-    assert receipt["training_data"]["dataset_sha256"] if "dataset_sha256" in receipt["training_data"] else True
+    assert receipt["training_data"]["sha256"] == detail["training_data"]["admitted_corpus_sha256"]
+    assert receipt["training_data"]["source"] == "inline"
     assert receipt["phase_timings"]["gpu_writer_acquisitions"] >= 3
     assert detail["train_receipt"]["config_hashes"] == receipt["config_hashes"]
     adapter = api.get("/v1/adapters/math-r001").json()
@@ -89,6 +90,7 @@ def test_cli_train_grpo_follow_and_round_two_from_the_first_adapter(trainer_stac
     api = stack.client(token)
     assert api.get("/v1/adapters/cli-r002").json()["base_adapter"] == "cli-r001"
     receipt = api.get("/v1/adapters/cli-r002/receipt").json()
-    assert receipt["adapters"]["base_adapter"]["name"] == "cli-r001" if "base_adapter" in receipt["adapters"] else True
+    assert receipt["adapters"]["base"]["name"] == "cli-r001"
+    assert receipt["adapters"]["base"]["adapter_model_sha256"] == api.get("/v1/adapters/cli-r001").json()["content_sha256"]
     listing = stack.kiln("train", "status", "--url", stack.url, env=env)
     assert "cli-r002" in listing.stdout and "cli-r001" in listing.stdout
