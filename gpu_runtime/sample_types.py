@@ -47,6 +47,9 @@ class SampleRequest:
     tool_choice: object | None = None  # recorded in provenance; the template does not use it
     template_kwargs: dict = field(default_factory=dict)  # extra chat-template kwargs
     ignore_eos: bool = False  # keep sampling past end-of-turn (benchmarks); stop strings still apply
+    # Called on the sampler thread after each accepted token with the completion ids so far (read
+    # it, do not keep or change it); streaming uses it. It must return quickly.
+    on_token: object | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 

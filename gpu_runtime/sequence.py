@@ -159,6 +159,8 @@ class DecodeSequence:
             self.model_opened_thinking = self.in_thinking = True
             self._thinking_since = time.perf_counter()
         self._check_finished(token)
+        if self.request.on_token is not None:
+            self.request.on_token(self.completion)
 
     def _budget_spent(self) -> bool:
         req = self.request

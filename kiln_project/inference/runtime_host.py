@@ -142,15 +142,29 @@ def _choice(index: int, result, *, messages, with_provenance: bool) -> dict:
     return choice
 
 
-def chat_completion(body) -> dict:
-    """Run one validated ChatCompletionRequest to an OpenAI chat.completion object."""
+def chat_completion(body, *, emit=None) -> dict:
+    """Run one validated ChatCompletionRequest to an OpenAI chat.completion object.
+
+    With `emit` (streaming), the text is relayed token by token as it is sampled."""
     from gpu_runtime.sample_types import SampleRequestError
+    from kiln_project.inference.streaming import StreamRelay
 
     host = start_model_host()
     host.wait_ready()
     messages, requests = _sample_requests(body, seed_base=body.seed)
+    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": body.model}
+    relay = None
+    if emit is not None:
+        relay = StreamRelay(tokenizer=host.loaded.tokenizer, n=len(requests), meta=meta, emit=emit,
+                            thinking=body.chat_template_kwargs.enable_thinking, stops=list(body.stop))
+        for index, request in enumerate(requests):
+            request.on_token = relay.on_token(index)
+        relay.start()
     handles = [host.sampler.submit(request) for request in requests]
     try:
+        if relay is not None:
+            relay.pump(handles)
         results = [handle.result(timeout=600) for handle in handles]
     except SampleRequestError as exc:
         for handle in handles:
@@ -161,24 +175,21 @@ def chat_completion(body) -> dict:
              for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
     usage["prompt_tokens"] = results[0].usage.get("prompt_tokens", 0)  # one prompt, shared by every choice
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+    if relay is not None:
+        for index, result in enumerate(results):
+            relay.settle(index, result)
+    return {"id": meta["id"], "object": "chat.completion", "created": meta["created"],
             "model": body.model, "choices": choices, "usage": usage,
             "system_fingerprint": host.loaded.identity.get("inference_config_sha256")}
 
 
-def _stream_chunks(response: dict) -> list[dict]:
-    """The response as OpenAI chat.completion.chunk events: role, reasoning, content, finish, usage."""
+def _final_chunks(response: dict) -> list[dict]:
+    """After the streamed text: each choice's finish (with its provenance record), then usage."""
     base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
             "model": response["model"]}
     chunks = []
     for choice in response["choices"]:
-        index, message = choice["index"], choice["message"]
-        chunks.append({**base, "choices": [{"index": index, "delta": {"role": "assistant"}, "finish_reason": None}]})
-        if message.get("reasoning_content"):
-            chunks.append({**base, "choices": [{"index": index, "delta": {"reasoning_content": message["reasoning_content"]},
-                                                "finish_reason": None}]})
-        chunks.append({**base, "choices": [{"index": index, "delta": {"content": message["content"]},
-                                            "finish_reason": None}]})
+        index = choice["index"]
         final = {"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}
         if "rollout_provenance" in choice:
             final["rollout_provenance"] = choice["rollout_provenance"]
@@ -193,7 +204,7 @@ def handle_chat_completion(raw_body: dict, emit) -> None:
 
     try:
         body = ChatCompletionRequest.model_validate(raw_body)
-        response = chat_completion(body)
+        response = chat_completion(body, emit=emit if body.stream else None)
     except KilnError as exc:
         emit({"type": "error", "code": exc.code, "message": exc.message, "hint": exc.hint, "status": exc.status})
         return
@@ -203,6 +214,6 @@ def handle_chat_completion(raw_body: dict, emit) -> None:
               "status": 500})
         return
     if raw_body.get("stream"):
-        emit({"type": "done", "final_chunks": _stream_chunks(response)})
+        emit({"type": "done", "final_chunks": _final_chunks(response)})
     else:
         emit({"type": "done", "response": response})

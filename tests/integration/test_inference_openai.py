@@ -53,19 +53,24 @@ def test_non_streaming_completion_with_usage_and_models(served):
     assert [m.id for m in models.data] == [stack.env["KILN_MODEL_PATH"].rsplit("/", 1)[1]]
 
 
-def test_streaming_gives_the_same_text_as_non_streaming(served):
+@pytest.mark.parametrize("extra", [{}, {"chat_template_kwargs": {"enable_thinking": False}, "stop": ["0"]}])
+def test_streaming_gives_the_same_text_as_non_streaming_token_by_token(served, extra):
     _, client = served
-    whole = _ask(client, seed=11)
-    stream = _ask(client, seed=11, stream=True)
-    content, reasoning, finish = "", "", None
+    whole = _ask(client, seed=11, max_tokens=24, **extra)
+    stream = _ask(client, seed=11, max_tokens=24, stream=True, **extra)
+    content, reasoning, finish, text_chunks = "", "", None, 0
     for chunk in stream:
         for choice in chunk.choices:
+            piece = (choice.delta.content or "") + ((choice.delta.model_extra or {}).get("reasoning_content") or "")
+            text_chunks += bool(piece)
             content += choice.delta.content or ""
             reasoning += (choice.delta.model_extra or {}).get("reasoning_content") or ""
             finish = choice.finish_reason or finish
     assert content == whole.choices[0].message.content
     assert reasoning == (whole.choices[0].message.model_extra.get("reasoning_content") or "")
     assert finish == whole.choices[0].finish_reason
+    if whole.usage.completion_tokens >= 6:
+        assert text_chunks >= 2  # the text arrived in pieces as it was sampled, not in one block
 
 
 def test_same_seed_same_tokens_with_other_requests_in_flight(served):
