@@ -3,19 +3,11 @@
 from django.contrib import admin
 
 from evaluations.models import Scorer
+from kiln_project.admin_base import ReadOnlyAdmin
 
 
 @admin.register(Scorer)
-class ScorerAdmin(admin.ModelAdmin):
+class ScorerAdmin(ReadOnlyAdmin):
     list_display = ("name", "filename", "sha256", "size_bytes", "created_by", "created_at")
     search_fields = ("name", "filename", "sha256")
     readonly_fields = [f.name for f in Scorer._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

@@ -2,18 +2,8 @@
 
 from django.contrib import admin
 
+from kiln_project.admin_base import ReadOnlyAdmin
 from kiln_project.jobs.models import Job, JobEvent, WorkerHeartbeat
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class JobEventInline(admin.TabularInline):
