@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 from kiln_project.cli.client import CliError, KilnClient
-from kiln_project.cli.output import ProgressBar, print_json, print_table
-
-TERMINAL = {"completed", "failed", "cancelled"}
+from kiln_project.cli.output import TERMINAL_STATES, follow, print_json, print_table
 
 
 def add_parser(subparsers, common) -> None:
@@ -26,21 +22,15 @@ def add_parser(subparsers, common) -> None:
     jobs.set_defaults(handler=run)
 
 
-def follow_job(client: KilnClient, job_id: str, *, poll_seconds: float = 0.5) -> dict:
+def _job_label(job: dict) -> str:
+    if job["state"] == "queued" and job.get("queue_position"):
+        return f"queued (position {job['queue_position']})"
+    return job["state"] + (f": {job['progress_message']}" if job["progress_message"] else "")
+
+
+def follow_job(client: KilnClient, job_id: str) -> dict:
     """Poll a job until it reaches a terminal state, drawing progress; returns the final detail."""
-    bar = ProgressBar()
-    try:
-        while True:
-            job = client.get(f"/v1/jobs/{job_id}")
-            label = job["state"] + (f": {job['progress_message']}" if job["progress_message"] else "")
-            if job["state"] == "queued" and job.get("queue_position"):
-                label = f"queued (position {job['queue_position']})"
-            bar.update(job["progress"], label)
-            if job["state"] in TERMINAL:
-                return job
-            time.sleep(poll_seconds)
-    finally:
-        bar.close()
+    return follow(lambda: client.get(f"/v1/jobs/{job_id}"), _job_label)
 
 
 def _finish(job: dict, as_json: bool) -> int:
@@ -82,7 +72,7 @@ def run(args) -> int:
                 print(f"{'error':17} {job['error']['code']}: {job['error']['message']}")
         return 0
     job = client.delete(f"/v1/jobs/{args.job_id}")
-    if args.follow and job["state"] not in TERMINAL:
+    if args.follow and job["state"] not in TERMINAL_STATES:
         job = follow_job(client, args.job_id)
     if args.json:
         print_json(job)

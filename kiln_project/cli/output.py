@@ -45,3 +45,22 @@ class ProgressBar:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
+
+
+def follow(fetch, label, *, poll_seconds: float = 0.5) -> dict:
+    """Call fetch() until its "state" is terminal, drawing progress with label(status); return the last."""
+    import time
+
+    bar = ProgressBar()
+    try:
+        while True:
+            status = fetch()
+            bar.update(status["progress"], label(status))
+            if status["state"] in TERMINAL_STATES:
+                return status
+            time.sleep(poll_seconds)
+    finally:
+        bar.close()

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from kiln_project.cli.client import CliError, KilnClient
-from kiln_project.cli.output import ProgressBar, print_json, print_table
-
-TERMINAL = {"completed", "failed", "cancelled"}
+from kiln_project.cli.output import follow, print_json, print_table
 
 
 def add_parser(subparsers, common) -> None:
@@ -78,19 +75,13 @@ def build_request(args) -> dict:
     return {**body, "config": config}
 
 
-def follow(client: KilnClient, job_id: str) -> dict:
-    bar = ProgressBar()
-    try:
-        while True:
-            status = client.get(f"/v1/train/status/{job_id}")
-            loss = status.get("current_loss")
-            label = status["state"] + (f" loss {loss:.4f}" if isinstance(loss, int | float) else "")
-            bar.update(status["progress"], label)
-            if status["state"] in TERMINAL:
-                return status
-            time.sleep(0.5)
-    finally:
-        bar.close()
+def _training_label(status: dict) -> str:
+    loss = status.get("current_loss")
+    return status["state"] + (f" loss {loss:.4f}" if isinstance(loss, int | float) else "")
+
+
+def follow_training(client: KilnClient, job_id: str) -> dict:
+    return follow(lambda: client.get(f"/v1/train/status/{job_id}"), _training_label)
 
 
 def _final(status: dict, as_json: bool) -> int:
@@ -109,7 +100,7 @@ def run(args) -> int:
     if args.train_command == "grpo":
         response = client.post("/v1/train/grpo", json=build_request(args))
         if args.follow:
-            return _final(follow(client, response["job_id"]), args.json)
+            return _final(follow_training(client, response["job_id"]), args.json)
         if args.json:
             print_json(response)
         else:
@@ -121,7 +112,7 @@ def run(args) -> int:
         return 0
     if args.job_id:
         if args.follow:
-            return _final(follow(client, args.job_id), args.json)
+            return _final(follow_training(client, args.job_id), args.json)
         status = client.get(f"/v1/train/status/{args.job_id}")
         if args.json:
             print_json(status)
