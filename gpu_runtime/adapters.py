@@ -45,6 +45,7 @@ class AdapterManager:
         self._handles: OrderedDict[str, AdapterHandle] = OrderedDict()  # key -> handle, LRU order
         self._by_name: dict[str, tuple[tuple, AdapterHandle]] = {}  # name -> (stat signature, handle)
         self._active: str | None = None
+        self.version = 0  # bumped whenever adapter layers are added or removed (plans go stale)
 
     @property
     def model(self):
@@ -107,6 +108,7 @@ class AdapterManager:
 
         previous = self._active
         _check_readable(handle)  # fail before peft touches the model, where failures are clean
+        self.version += 1
         try:
             if self._peft is None:
                 self._peft = PeftModel.from_pretrained(
@@ -138,6 +140,7 @@ class AdapterManager:
             if victim is None:
                 return
             self._handles.pop(victim)
+            self.version += 1
             self._peft.delete_adapter(victim)
 
 

@@ -15,6 +15,27 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 
+class KVLayer:
+    __slots__ = ("keys", "values")
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values
+
+
+class LeanCache:
+    """Per-layer keys/values (rows, kv_heads, columns, head_dim), laid out like DynamicCache's."""
+
+    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.layers = [KVLayer(k, v) for k, v in kv]
+
+    def past(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(layer.keys, layer.values) for layer in self.layers]
+
+    def replace(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for layer, (k, v) in zip(self.layers, kv, strict=True):
+            layer.keys, layer.values = k, v
+
+
 def check_supported(cache: DynamicCache) -> None:
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
@@ -30,9 +51,7 @@ def _left_pad(tensor: torch.Tensor, columns: int, dim: int) -> torch.Tensor:
     return F.pad(tensor, pad)
 
 
-def append_rows(
-    cache: DynamicCache, mask: torch.Tensor, new_cache: DynamicCache, new_mask: torch.Tensor
-) -> torch.Tensor:
+def append_rows(cache, mask: torch.Tensor, new_cache, new_mask: torch.Tensor) -> torch.Tensor:
     """Append `new_cache`'s rows to `cache` in place, left-padding whichever is shorter; return the mask."""
     length, new_length = mask.shape[1], new_mask.shape[1]
     width = max(length, new_length)
@@ -46,7 +65,7 @@ def append_rows(
     return torch.cat([_left_pad(mask, width - length, 1), _left_pad(new_mask, width - new_length, 1)])
 
 
-def keep_rows(cache: DynamicCache, mask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+def keep_rows(cache, mask: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """Keep only `rows` (in that order) and trim columns that are padding for every kept row."""
     index = torch.tensor(rows, dtype=torch.long, device=mask.device)
     mask = mask.index_select(0, index)

@@ -14,6 +14,10 @@ are trimmed. Explicit position ids and the attention mask make a row's math inde
 neighbours (up to float rounding in batched matmuls); sampling is row-wise and draws from each
 request's own torch.Generator, so a seed gives the same tokens alone or in any batch.
 
+Forward passes take the lean path (`gpu_runtime.lean_decoder`, over a `kv_cache.LeanCache`) when
+the model and the cohort's adapter have a supported shape, and the transformers forward (over a
+DynamicCache) otherwise; `forward_path` says which the base model takes.
+
 Drive it with `run_forever(stop_event)` on a dedicated thread (the GPU worker does), or call
 `generate(requests)`, which steps the loop itself when no runner thread is active.
 """
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import DynamicCache
 
-from gpu_runtime import kv_cache
+from gpu_runtime import kv_cache, lean_decoder
 from gpu_runtime.adapters import AdapterManager, AdapterResolver
 from gpu_runtime.admission import admit_request
 from gpu_runtime.sample_types import (
@@ -63,7 +67,7 @@ class SampleHandle:
 @dataclass
 class _Cohort:
     key: str | None
-    cache: DynamicCache
+    cache: DynamicCache | kv_cache.LeanCache
     mask: torch.Tensor  # [rows, columns] 1 = real token, aligned with the cache columns
     seqs: list[DecodeSequence] = field(default_factory=list)
 
@@ -94,6 +98,11 @@ class Sampler:
         self._wakeup = threading.Event()
         self._step_lock = threading.Lock()
         self._runner_active = False
+        self._plans: dict[str | None, lean_decoder.Plan | None] = {}  # adapter key -> plan (None: HF)
+        self._plans_version = -1
+        reason = lean_decoder.unsupported_reason(self._model)
+        self.forward_path = "lean" if reason is None else "transformers"
+        self.lean_unsupported_reason = reason
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -227,17 +236,25 @@ class Sampler:
             )
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self._device)
             padded = any(len(p) < width for p in prompts)
-            cache = DynamicCache(config=self._model.config)
-            out = self._model(
-                input_ids=ids,
-                attention_mask=mask if padded else None,
-                position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            kv_cache.check_supported(cache)
-            logits = out.logits[:, -1, :]
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            plan = self._plan(key)
+            if plan is not None:
+                attend = _prefill_attention(mask) if padded else None
+                hidden, kv = lean_decoder.forward(plan, ids, positions=positions, mask=attend)
+                cache = kv_cache.LeanCache(kv)
+                logits = lean_decoder.lm_logits(plan, hidden[:, -1, :])
+            else:
+                cache = DynamicCache(config=self._model.config)
+                out = self._model(
+                    input_ids=ids,
+                    attention_mask=mask if padded else None,
+                    position_ids=positions,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                kv_cache.check_supported(cache)
+                logits = out.logits[:, -1, :]
             if rows != list(range(len(prompts))):
                 logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
                 mask = kv_cache.keep_rows(cache, mask, rows)
@@ -275,11 +292,20 @@ class Sampler:
             mask = torch.cat(
                 [cohort.mask, torch.ones((len(seqs), 1), dtype=cohort.mask.dtype, device=self._device)], 1
             )
-            out = self._model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, cache=cohort.cache, use_cache=True
-            )
+            if isinstance(cohort.cache, kv_cache.LeanCache):
+                plan = self._plan(cohort.key)
+                hidden, kv = lean_decoder.forward(
+                    plan, ids, positions=positions, mask=mask.bool()[:, None, None, :], past=cohort.cache.past()
+                )
+                cohort.cache.replace(kv)
+                logits = lean_decoder.lm_logits(plan, hidden[:, -1, :])
+            else:
+                out = self._model(
+                    input_ids=ids, attention_mask=mask, position_ids=positions, cache=cohort.cache, use_cache=True
+                )
+                logits = out.logits[:, -1, :]
             cohort.mask = mask
-            self._choose(seqs, out.logits[:, -1, :])
+            self._choose(seqs, logits)
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory: fail the cohort, not the worker
             error = SampleRequestError("generation_failed", f"Decoding failed: {exc}")
             for seq in seqs:
@@ -295,6 +321,20 @@ class Sampler:
         elif len(keep) < len(seqs):
             cohort.mask = kv_cache.keep_rows(cohort.cache, cohort.mask, keep)
             cohort.seqs = [seqs[i] for i in keep]
+
+    def _plan(self, key: str | None) -> lean_decoder.Plan | None:
+        """The lean plan for adapter `key` (activated by the caller), or None for the HF forward."""
+        if self.forward_path != "lean":
+            return None
+        if self._plans_version != self._adapters.version:
+            self._plans.clear()
+            self._plans_version = self._adapters.version
+        if key not in self._plans:
+            try:
+                self._plans[key] = lean_decoder.plan_for(self._adapters.model, merge_lora=True)
+            except lean_decoder.LeanUnsupported:
+                self._plans[key] = None  # e.g. a DoRA adapter: the transformers forward serves it
+        return self._plans[key]
 
     def _choose(self, seqs: list[DecodeSequence], logits: torch.Tensor) -> None:
         """Pick each row's next token (forced or drawn) and record it with its behaviour log-prob."""
@@ -329,6 +369,15 @@ class Sampler:
             elif len(keep) < len(cohort.seqs):
                 cohort.mask = kv_cache.keep_rows(cohort.cache, cohort.mask, keep)
                 cohort.seqs = [cohort.seqs[i] for i in keep]
+
+
+def _prefill_attention(mask: torch.Tensor) -> torch.Tensor:
+    """(rows, 1, T, T) bool for left-padded prompts: causal over real tokens. A padding position
+    attends to itself only, so no query row is empty (an empty row would give NaN)."""
+    width = mask.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
+    eye = torch.eye(width, dtype=torch.bool, device=mask.device)
+    return ((causal & mask.bool()[:, None, :]) | eye)[:, None]
 
 
 def _thinking_tokens(tokenizer) -> ThinkingTokens:

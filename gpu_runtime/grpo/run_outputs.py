@@ -107,6 +107,7 @@ class RunOutputs:
                 "device": str(getattr(self, "device", request.device)),
                 "torch": torch.__version__,
                 "reference_path": getattr(getattr(self, "stepper", None), "reference_path", None),
+                "forward_path": getattr(getattr(self, "stepper", None), "forward_path", None),
                 "inference_config_sha256": (self.identity or {}).get("inference_config_sha256"),
             },
         }

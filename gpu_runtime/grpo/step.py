@@ -6,9 +6,16 @@ records (one per optimizer step: one for `token_level`, one per completion for `
 Reference log-probs (only when the KL term reaches the loss):
 - `base_per_step`: the base model, i.e. the PEFT model inside `disable_adapter()`;
 - `ema`: the LoRA snapshot swapped into the adapter tensors for the forward, then swapped back.
-With `shared_prefix_reference` the prompt runs once with a KV cache (`reference.py`); where that
-capability is missing (no cache support, no shared prefix) the exact batched forward (the same
-computation as the policy forward) runs instead and the fallback is recorded with its reason.
+With `shared_prefix_reference` the prompt runs once and the completions attend to its keys and
+values; where that capability is missing (no cache support, no shared prefix) the exact batched
+forward (the same computation as the policy forward) runs instead and the fallback is recorded.
+
+Forwards take the lean path (`gpu_runtime.lean_decoder`: the same weights, no per-call
+transformers bookkeeping) when the model has a supported shape, else the transformers forward
+(the fallback and its reason go to the receipt). On the lean path the policy forward shares the
+group's prompt the same way the reference does, so both forwards have one layout: a fresh
+adapter's KL is exactly zero, and the prompt's activations are computed once, not once per
+completion (its gradient flows back through the shared keys and values).
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpu_runtime import lean_decoder
 from gpu_runtime.grpo.adapter_io import trainable_parameters
 from gpu_runtime.grpo.errors import TrainingError
+from gpu_runtime.grpo.flat_optim import FlatAdamW, FlatParameters, FlatSGD, flat_layout_supported
 from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss
 from gpu_runtime.grpo.reference import common_prefix_length, shared_prefix_reference_logprobs
 
@@ -111,10 +120,31 @@ class GroupStepper:
     ema_snapshot: dict | None = None  # name -> tensor (kl_reference_policy ema)
     keep_logits: bool = True
     reference_path: str | None = None  # "shared_prefix" | "batched" once chosen
+    forward_path: str = "lean"  # or "transformers"
 
     def __post_init__(self) -> None:
         self.device = next(self.model.parameters()).device
         self.params = trainable_parameters(self.model)
+        self.grad_tensors = [p for _, p in self.params]
+        # Plans reference the live tensors: optimizer steps and EMA swaps need no re-planning.
+        self.lean_policy = self.lean_base = None
+        try:
+            self.lean_policy = lean_decoder.plan_for(self.model)
+            with self.model.disable_adapter():
+                self.lean_base = lean_decoder.plan_for(self.model)
+        except lean_decoder.LeanUnsupported as exc:
+            self.lean_policy = None
+            self.forward_path = "transformers"
+            self._fallback("lean_forward", "transformers_forward", str(exc))
+
+    def _prefix(self, ids: torch.Tensor, lengths: list[int]) -> int:
+        """Tokens every row shares at the start (0 when prefix sharing is off or impossible)."""
+        if not self.config.shared_prefix_reference or ids.shape[0] < 2:
+            return 0
+        same = (ids == ids[:1]).all(dim=0)
+        differs = (~same).nonzero()
+        shared = int(differs[0]) if len(differs) else ids.shape[1]
+        return min(shared, min(lengths))
 
     def _time(self, key: str, started: float) -> None:
         if self.device.type == "cuda":
@@ -125,7 +155,15 @@ class GroupStepper:
         if not any(f["capability"] == capability for f in self.fallbacks):
             self.fallbacks.append({"capability": capability, "fallback": fallback, "reason": reason})
 
-    def _policy_logprobs(self, ids, attention, start):
+    def _policy_logprobs(self, ids, attention, start, lengths):
+        if self.lean_policy is not None:
+            return lean_decoder.sequence_logprobs(
+                self.lean_policy,
+                ids,
+                start,
+                prefix=self._prefix(ids, lengths),
+                checkpoint_segments=self.config.grad_checkpoint_segments or 0,
+            )
         if self.keep_logits:
             try:
                 return sequence_logprobs(self.model, ids, attention, start)
@@ -140,6 +178,9 @@ class GroupStepper:
     def _reference_policy(self):
         """The KL reference: the base model (adapter disabled) or the EMA snapshot."""
         if self.config.kl_reference_policy.kind != "ema":
+            if self.lean_policy is not None:  # the lean base plan already leaves the adapter out
+                yield
+                return
             with self.model.disable_adapter():
                 yield
             return
@@ -159,7 +200,17 @@ class GroupStepper:
         started = time.perf_counter()
         with self._reference_policy():
             out = None
-            if self.config.shared_prefix_reference and self.reference_path != "batched":
+            if self.lean_policy is not None:
+                plan = self.lean_policy if self.config.kl_reference_policy.kind == "ema" else self.lean_base
+                prefix = self._prefix(tensors.ids, tensors.lengths)
+                if self.config.shared_prefix_reference and prefix < 1:
+                    self._fallback(
+                        "shared_prefix_reference", "batched_forward", "the group's sequences share no prefix"
+                    )
+                self.reference_path = "shared_prefix" if prefix else "batched"
+                out = lean_decoder.sequence_logprobs(plan, tensors.ids, tensors.start, prefix=prefix)
+                out = out * tensors.attention
+            elif self.config.shared_prefix_reference and self.reference_path != "batched":
                 seqs = [row[:n].tolist() for row, n in zip(tensors.ids, tensors.lengths, strict=True)]
                 if common_prefix_length(seqs) < 1:
                     self._fallback(
@@ -179,7 +230,7 @@ class GroupStepper:
             if out is None:
                 if self.reference_path is None:
                     self.reference_path = "batched"
-                out = self._policy_logprobs(tensors.ids, tensors.attention, tensors.start)
+                out = self._policy_logprobs(tensors.ids, tensors.attention, tensors.start, tensors.lengths)
                 out = out * tensors.attention  # zero past each end, like the shared-prefix layout
         self._time("reference_forward_ms", started)
         width = tensors.ids.shape[1]
@@ -212,7 +263,7 @@ class GroupStepper:
 
         ids, attention = pick(tensors.ids), pick(tensors.attention)
         started = time.perf_counter()
-        policy = self._policy_logprobs(ids, attention, tensors.start)
+        policy = self._policy_logprobs(ids, attention, tensors.start, [tensors.lengths[r] for r in rows])
         self._time("policy_forward_ms", started)
         batch = GrpoBatch(
             policy_logprobs=policy,
@@ -235,14 +286,19 @@ class GroupStepper:
         loss.backward()
         self._time("backward_ms", started)
         started = time.perf_counter()
-        squares = [p.grad.detach().double().pow(2).sum() for _, p in self.params if p.grad is not None]
-        grad_norm = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
+        grad_norm = self._grad_norm()
         if grad_norm != grad_norm or grad_norm == float("inf"):
             raise TrainingError("nan_loss", "the gradient is not finite", failure_reason="nan_loss")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()  # gradients are cleared before the next backward
         self._time("optimizer_ms", started)
         return StepRecord(stats=stats, grad_norm=grad_norm, completions=len(rows))
+
+    def _grad_norm(self) -> float:
+        flat_norm = getattr(self.optimizer, "grad_norm", None)
+        if flat_norm is not None:
+            return flat_norm()
+        grads = [p.grad for p in self.grad_tensors if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads, foreach=True)) if grads else 0.0
 
 
 def build_optimizer(params, config) -> torch.optim.Optimizer:
@@ -250,6 +306,15 @@ def build_optimizer(params, config) -> torch.optim.Optimizer:
     opt = config.optimizer
     lr = config.resolved_learning_rate
     tensors = [p for _, p in params]
+    # AdamW and SGD run over one flat buffer of every LoRA tensor (flat_optim.py): a few kernels
+    # a step instead of several per tensor. Muon orthogonalises each matrix, so it stays per tensor.
+    if opt.kind in ("adam_w", "sgd") and flat_layout_supported(tensors):
+        flat = FlatParameters(tensors)
+        if opt.kind == "sgd":
+            return FlatSGD(flat, lr=lr)
+        return FlatAdamW(
+            flat, lr=lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
+        )
     if opt.kind == "adam_w":
         return torch.optim.AdamW(
             tensors, lr=lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
@@ -283,3 +348,4 @@ def build_optimizer(params, config) -> torch.optim.Optimizer:
     raise TrainingError(
         "optimizer_unsupported", f"unknown optimizer {opt.kind!r}", failure_reason="unsupported_loss_config"
     )
+

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from gpu_runtime import lean_decoder
 from gpu_runtime.grpo import adapter_io, checkpoint
 from gpu_runtime.grpo.advantages import filter_groups, filter_kwargs
 from gpu_runtime.grpo.config import resolve_effective_seed
@@ -228,7 +229,8 @@ class _Run(RunOutputs):
         torch.manual_seed(self.seed % (1 << 63))
         model, self.cpu_model = self.cpu_model.to(self.device), None
         model.eval()  # no dropout anywhere: a step is a function of the seed and the data
-        if config.grad_checkpoint_segments:
+        if config.grad_checkpoint_segments and lean_decoder.unsupported_reason(model) is not None:
+            # The lean forward checkpoints in the requested segments; transformers cannot.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()
             self.fallbacks.append(

@@ -283,3 +283,34 @@ def test_invalid_groups_and_existing_output_are_refused(tiny_model_dir, tmp_path
     with pytest.raises(TrainingError) as caught:
         run(train_request(tiny_model_dir, fixed_groups(1), tmp_path, "taken"))
     assert caught.value.code == "adapter_already_exists"
+
+
+def test_the_lean_and_transformers_forwards_train_alike(tiny_model_dir, tmp_path, one_thread, monkeypatch):
+    """The lean forward is a speed path, not different maths: with it refused (as for a model it
+    does not support) the run takes the transformers forward, says so, and its losses agree."""
+    lean = run(train_request(tiny_model_dir, fixed_groups(3), tmp_path, "lean", kl_estimator="k3"))
+    assert lean.receipt["runtime"]["execution_provenance"]["forward_path"] == "lean"
+
+    from gpu_runtime import lean_decoder
+
+    def refuse(model, **kwargs):
+        raise lean_decoder.LeanUnsupported("refused by the test")
+
+    monkeypatch.setattr(lean_decoder, "plan_for", refuse)
+    hf = run(train_request(tiny_model_dir, fixed_groups(3), tmp_path, "hf", kl_estimator="k3"))
+    provenance = hf.receipt["runtime"]["execution_provenance"]
+    assert provenance["forward_path"] == "transformers" and provenance["reference_path"] == "shared_prefix"
+    assert {"capability": "lean_forward", "fallback": "transformers_forward", "reason": "refused by the test"} in hf.receipt["fallbacks"]
+    for a, b in zip(lean.receipt["loss_history"], hf.receipt["loss_history"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
+        assert a["kl_estimator_mean"] == pytest.approx(b["kl_estimator_mean"], abs=1e-5)
+    assert lean.receipt["loss_history"][-1]["kl_estimator_mean"] > 0  # the steps moved the policy
+
+
+def test_checkpoint_segments_are_honoured_without_changing_the_result(tiny_model_dir, tmp_path, one_thread):
+    plain = run(train_request(tiny_model_dir, fixed_groups(2), tmp_path, "plain"))
+    segmented = run(train_request(tiny_model_dir, fixed_groups(2), tmp_path, "seg", grad_checkpoint_segments=2))
+    assert segmented.receipt["fallbacks"] == []  # the lean forward checkpoints in 2 segments as asked
+    for a, b in zip(plain.receipt["loss_history"], segmented.receipt["loss_history"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

@@ -1,0 +1,188 @@
+"""The lean forward equals the transformers/peft forward: values, LoRA, gradients, prefix sharing, caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from gpu_runtime import lean_decoder
+from gpu_runtime.grpo.adapter_io import attach_lora
+from gpu_runtime.grpo.reference import token_logprobs
+
+SHAPE = dict(
+    vocab_size=101,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
+def _model(family: str):
+    torch.manual_seed(0)
+    if family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=8))
+    elif family == "qwen2":  # q/k/v biases, no per-head norms
+        model = Qwen2ForCausalLM(Qwen2Config(**SHAPE))
+    else:  # llama with rope scaling handled by its own rotary module
+        model = LlamaForCausalLM(LlamaConfig(**SHAPE, rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    model.eval()
+    if family == "qwen2":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.bias.normal_(0, 0.5)  # zero-initialised: make them count
+    return model
+
+
+def _batch() -> tuple[torch.Tensor, list[int]]:
+    """Right-padded rows sharing a 6-token prompt."""
+    torch.manual_seed(1)
+    prompt = torch.randint(3, 100, (6,)).tolist()
+    lengths = [14, 11, 16, 9]
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.tensor(prompt + torch.randint(3, 100, (n - 6,)).tolist())
+    return ids, lengths
+
+
+def _real(values: torch.Tensor, lengths: list[int], start: int) -> list[torch.Tensor]:
+    return [values[row, start:n] for row, n in enumerate(lengths)]
+
+
+def _hf_logprobs(model, ids, lengths):
+    attention = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    return token_logprobs(model(input_ids=ids, attention_mask=attention).logits, ids)
+
+
+def _with_random_lora(model):
+    torch.manual_seed(2)
+    peft = attach_lora(model, rank=4, alpha=8)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    return peft
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+def test_log_probs_equal_the_transformers_forward(family):
+    model = _model(family)
+    ids, lengths = _batch()
+    with torch.no_grad():
+        expected = _hf_logprobs(model, ids, lengths)
+        plan = lean_decoder.plan_for(model)
+        full = lean_decoder.sequence_logprobs(plan, ids, 6)
+        shared = lean_decoder.sequence_logprobs(plan, ids, 6, prefix=6)
+    for got in (full, shared):
+        for a, b in zip(_real(got, lengths, 6), _real(expected, lengths, 6), strict=True):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+    assert (full[:, :6] == 0).all()
+
+
+def test_lora_values_gradients_and_disabled_adapter_match_peft():
+    peft = _with_random_lora(_model("qwen3"))
+    ids, lengths = _batch()
+    params = [p for _, p in sorted(peft.named_parameters()) if p.requires_grad]
+
+    def grads(compute):
+        for p in params:
+            p.grad = None
+        values = compute()
+        mask = torch.zeros_like(values, dtype=torch.bool)
+        for row, n in enumerate(lengths):
+            mask[row, 6:n] = True
+        (values * mask).sum().backward()
+        return values.detach(), torch.cat([p.grad.flatten() for p in params])
+
+    hf_values, hf_grads = grads(lambda: _hf_logprobs(peft, ids, lengths))
+    plan = lean_decoder.plan_for(peft)
+    assert all(len(layer.qkv.parts[0].loras) == 1 for layer in plan.layers)  # LoRA picked up
+    for kwargs in ({}, {"prefix": 6}, {"checkpoint_segments": 2}):
+        values, lean_grads = grads(lambda kw=kwargs: lean_decoder.sequence_logprobs(plan, ids, 6, **kw))
+        for a, b in zip(_real(values, lengths, 6), _real(hf_values, lengths, 6), strict=True):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+        torch.testing.assert_close(lean_grads, hf_grads, atol=1e-4, rtol=1e-4)
+    assert hf_grads.abs().max() > 1e-3  # the comparison is about real gradients
+
+    with peft.disable_adapter(), torch.no_grad():
+        base_plan = lean_decoder.plan_for(peft)
+        base = lean_decoder.sequence_logprobs(base_plan, ids, 6)
+        expected = _hf_logprobs(peft, ids, lengths)
+    assert all(not layer.qkv.parts[0].loras for layer in base_plan.layers)
+    for a, b in zip(_real(base, lengths, 6), _real(expected, lengths, 6), strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+    assert (base - hf_values).abs().max() > 1e-2  # the adapter really changes the policy
+
+
+def test_left_padded_prefill_then_decode_matches_full_forwards():
+    """The sampler's layout: left-padded prompts with explicit positions, then one token a step
+    against the cached keys/values; every row equals its own unpadded full forward."""
+    model = _model("qwen3")
+    plan = lean_decoder.plan_for(model)
+    rows = [[5, 9, 14, 3, 22, 7], [8, 41, 2]]
+    steps = [[11, 12], [60, 61]]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    attend = ((causal & mask.bool()[:, None, :]) | torch.eye(width, dtype=torch.bool))[:, None]
+    with torch.no_grad():
+        hidden, kv = lean_decoder.forward(plan, ids, positions=positions, mask=attend)
+        got = [lean_decoder.lm_logits(plan, hidden[:, -1])]
+        for step in range(2):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+            token = torch.tensor([[steps[0][step]], [steps[1][step]]])
+            positions = positions[:, -1:] + 1
+            hidden, kv = lean_decoder.forward(
+                plan, token, positions=positions, mask=mask.bool()[:, None, None, :], past=kv
+            )
+            got.append(lean_decoder.lm_logits(plan, hidden[:, -1]))
+        for row in range(2):
+            full = model(input_ids=torch.tensor([rows[row] + steps[row]])).logits[0]
+            for step in range(3):
+                torch.testing.assert_close(
+                    got[step][row], full[len(rows[row]) - 1 + step], atol=2e-5, rtol=0
+                )
+
+
+def test_the_matmul_and_sdpa_attention_paths_agree(monkeypatch):
+    model = _model("qwen3")
+    ids, lengths = _batch()
+    plan = lean_decoder.plan_for(model)
+    with torch.no_grad():
+        small = lean_decoder.sequence_logprobs(plan, ids, 6, prefix=6)
+        monkeypatch.setattr(lean_decoder, "SMALL_ATTENTION_SCORES", 0)
+        fused = lean_decoder.sequence_logprobs(plan, ids, 6, prefix=6)
+    for a, b in zip(_real(small, lengths, 6), _real(fused, lengths, 6), strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+
+
+def test_unsupported_models_say_why():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).eval()
+    assert "transformers causal LM with a decoder body" in lean_decoder.unsupported_reason(gpt2)
+    sliding = Qwen3ForCausalLM(
+        Qwen3Config(**SHAPE, head_dim=8, use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    )
+    assert "sliding-window" in lean_decoder.unsupported_reason(sliding)
+    assert lean_decoder.unsupported_reason(_model("qwen3")) is None
+
+    from peft import LoraConfig, get_peft_model
+
+    dora = get_peft_model(_model("qwen3"), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
+    assert "DoRA" in lean_decoder.unsupported_reason(dora)
+    mistral_like = _model("llama")
+    mistral_like.config.model_type = "mistral"
+    assert "model type 'mistral'" in lean_decoder.unsupported_reason(mistral_like)
