@@ -287,6 +287,14 @@ def print_table(rows: dict[str, dict]) -> None:
         f"{'optimizer steps per round':40}"
         + "".join(f"{rows[n]['optimizer_steps_per_round']:>16}" for n in names)
     )
+    for n in names:
+        steps = rows[n]["optimizer_steps_per_round"]
+        per_step = {k: rows[n][k] / steps for k in PHASES[1:]}
+        print(
+            f"{n} per optimizer step ({steps:g} a round): "
+            + ", ".join(f"{k.removesuffix('_ms')} {v:.1f}" for k, v in per_step.items())
+            + f" ms; train {sum(per_step.values()):.1f} ms"
+        )
     if ratio:
         worst = max(rows["kiln"][k] / rows["trl"][k] for k in PHASES if rows["trl"][k])
         verdict = "met" if worst <= GOAL_RATIO else "not met"
