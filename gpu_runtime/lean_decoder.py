@@ -9,8 +9,8 @@ computation straight from the same weight tensors (no copies): embedding -> deco
 the wrapped modules at plan time, so `disable_adapter()`, `set_adapter()` and the trainable
 LoRA parameters (and their gradients) behave as they do in the peft forward.
 
-`plan_for(model)` captures which tensors a forward uses right now (call it again after
-switching adapters); `forward(plan, ids, ...)` returns the final hidden states (before the
+`plan_for(model)` (`gpu_runtime.lean_plan`) captures which tensors a forward uses right now
+(call it again after switching adapters); `forward(plan, ids, ...)` returns the final hidden states (before the
 final norm) and each layer's keys/values. Results equal the Hugging Face forward up to float
 rounding (tests/gpu_runtime/test_lean_decoder.py). A model outside this shape raises
 `LeanUnsupported` with the reason; callers then take the Hugging Face path and record it.
@@ -18,286 +18,26 @@ rounding (tests/gpu_runtime/test_lean_decoder.py). A model outside this shape ra
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
-# Stack q|k|v and gate|up into single matmuls when the stacked copies stay this small (elements,
-# all layers): tiny and small models, where per-call overhead dominates. Larger models keep the
-# projections separate and copy nothing.
-FUSE_MAX_ELEMENTS = 32 * 1024 * 1024
-# id(first part's weight) -> (weakref to it, signature, stacked weight, stacked bias). Keyed by id:
-# tensors compare elementwise, so they cannot be dictionary keys by value.
-_stacked_weights: dict[int, tuple] = {}
+from gpu_runtime.lean_plan import LayerPlan, LeanUnsupported, Plan, plan_for, unsupported_reason
 
 __all__ = [
     "LeanUnsupported",
     "Plan",
     "forward",
+    "lm_logits",
     "lm_logprobs",
     "plan_for",
     "prefix_attention_mask",
+    "rms_norm",
+    "sequence_logprobs",
     "unsupported_reason",
 ]
-
-
-class LeanUnsupported(Exception):
-    """The model (or its current adapter state) is outside what the lean forward computes."""
-
-
-@dataclass(frozen=True)
-class Projection:
-    """One linear layer with the LoRA terms active at plan time: y = W x + b + sum(s * B A x)."""
-
-    weight: Tensor
-    bias: Tensor | None
-    loras: tuple[tuple[Tensor, Tensor, Tensor | None, float], ...]  # (A, B, B's bias, scaling)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        y = F.linear(x, self.weight, self.bias)
-        if not self.loras:
-            return y
-        out_dtype = y.dtype
-        for a, b, b_bias, scaling in self.loras:
-            xa = x if x.dtype == a.dtype else x.to(a.dtype)  # peft casts the input to the LoRA dtype
-            y = y + F.linear(F.linear(xa, a), b, b_bias) * scaling
-        return y.to(out_dtype)
-
-
-    def merged(self) -> Projection:
-        """The same map with the LoRA terms folded into the weight (for frozen, inference-only use)."""
-        if not self.loras:
-            return self
-        with torch.no_grad():
-            return self._merged()
-
-    def _merged(self) -> Projection:
-        weight = self.weight.float()
-        for a, b, b_bias, scaling in self.loras:
-            if b_bias is not None:
-                return self  # a LoRA bias does not fold into the weight alone
-            weight = weight + (b.float() @ a.float()) * scaling
-        return Projection(weight.to(self.weight.dtype), self.bias, ())
-
-
-@dataclass(frozen=True)
-class Stacked:
-    """Projections reading the same input, outputs concatenated on the last axis (q|k|v, gate|up).
-
-    Fused (small models): one matmul over the stacked base weights, and each adapter's LoRA as one
-    stacked A and one block-diagonal B (zero blocks add exact zeros). Otherwise the projections run
-    one by one and their outputs are concatenated (no weight copies)."""
-
-    parts: tuple[Projection, ...]
-    weight: Tensor | None = None  # stacked base weight when fused
-    bias: Tensor | None = None
-
-    def __call__(self, x: Tensor) -> Tensor:
-        if self.weight is None:
-            return torch.cat([part(x) for part in self.parts], dim=-1)
-        y = F.linear(x, self.weight, self.bias)
-        first = self.parts[0].loras
-        if not first:
-            return y
-        out_dtype = y.dtype
-        for index, (_, _, _, scaling) in enumerate(first):
-            a = torch.cat([part.loras[index][0] for part in self.parts])
-            b = torch.block_diag(*[part.loras[index][1] for part in self.parts])
-            xa = x if x.dtype == a.dtype else x.to(a.dtype)
-            y = y + F.linear(F.linear(xa, a), b) * scaling
-        return y.to(out_dtype)
-
-
-@dataclass(frozen=True)
-class LayerPlan:
-    input_norm: Tensor
-    post_norm: Tensor
-    qk_norm: Tensor | None  # (heads + kv_heads, head_dim): Qwen3's per-head q/k norm weights
-    qkv: Stacked
-    o: Projection
-    gate_up: Stacked
-    down: Projection
-
-
-@dataclass(frozen=True)
-class Plan:
-    embed: Tensor
-    layers: tuple[LayerPlan, ...]
-    final_norm: Tensor
-    lm_head: Tensor
-    lm_head_bias: Tensor | None
-    rotary: nn.Module  # the model's own rotary embedding (every rope scaling variant it knows)
-    eps: float
-    heads: int
-    kv_heads: int
-    head_dim: int
-    scaling: float
-    intermediate: int
-
-
-def _causal_lm(model) -> nn.Module:
-    """The transformers CausalLM inside `model` (itself, or the one a PeftModel wraps)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PeftModel
-    config = getattr(inner, "config", None)
-    if config is None or getattr(inner, "lm_head", None) is None or not hasattr(inner, "model"):
-        raise LeanUnsupported(f"{type(inner).__name__} is not a transformers causal LM with a decoder body")
-    _check_config(config)
-    return inner
-
-
-def unsupported_reason(model) -> str | None:
-    """Why the lean forward cannot run `model` as it is now, or None when it can."""
-    try:
-        plan_for(model)
-    except LeanUnsupported as exc:
-        return str(exc)
-    return None
-
-
-def _check_config(config) -> None:
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise LeanUnsupported(f"model type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise LeanUnsupported(f"activation {config.hidden_act!r} (only silu)")
-    layer_types = getattr(config, "layer_types", None) or ()
-    if any(kind != "full_attention" for kind in layer_types) or getattr(config, "use_sliding_window", False):
-        raise LeanUnsupported("sliding-window attention layers")
-    if (getattr(config, "pretraining_tp", 1) or 1) > 1:
-        raise LeanUnsupported("pretraining_tp > 1")
-
-
-def _projection(module: nn.Module) -> Projection:
-    if type(module) is nn.Linear:
-        return Projection(module.weight, module.bias, ())
-    base = getattr(module, "base_layer", None)
-    if base is None or type(base) is not nn.Linear or not hasattr(module, "lora_A"):
-        raise LeanUnsupported(f"layer type {type(module).__name__}")
-    if module.disable_adapters:
-        if module.merged:
-            raise LeanUnsupported("a disabled adapter whose weights are merged into the base")
-        return Projection(base.weight, base.bias, ())
-    if module.merged:
-        return Projection(base.weight, base.bias, ())
-    loras = []
-    for name in module.active_adapters:
-        if name not in module.lora_A:
-            continue
-        if name in getattr(module, "lora_variant", {}):
-            raise LeanUnsupported(f"LoRA variant {type(module.lora_variant[name]).__name__} (e.g. DoRA)")
-        dropout = module.lora_dropout[name]
-        if not isinstance(dropout, nn.Identity) and dropout.training and dropout.p > 0:
-            raise LeanUnsupported("LoRA dropout in training mode")
-        a, b = module.lora_A[name], module.lora_B[name]
-        loras.append((a.weight, b.weight, b.bias, module.scaling[name]))
-    return Projection(base.weight, base.bias, tuple(loras))
-
-
-def _stack(parts: tuple[Projection, ...], fuse: bool, merge: bool) -> Stacked:
-    if merge:
-        parts = tuple(part.merged() for part in parts)
-    if not fuse or not _stackable(parts):
-        return Stacked(parts)
-    if merge:  # merged weights belong to this plan (and may be inference tensors): stack afresh
-        return Stacked(parts, *_stacked(parts))
-    # The model's own base weights: stack once, share across plans, restack if they change.
-    weights = [p.weight for p in parts] + [p.bias for p in parts if p.bias is not None]
-    signature = tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights)
-    anchor = parts[0].weight
-    cached = _stacked_weights.get(id(anchor))
-    if cached is None or cached[0]() is not anchor or cached[1] != signature:
-        # Plain tensors even when first planned under inference_mode: training may use them.
-        with torch.inference_mode(False):
-            cached = (weakref.ref(anchor), signature, *_stacked(parts))
-        weakref.finalize(anchor, _stacked_weights.pop, id(anchor), None)
-        _stacked_weights[id(anchor)] = cached
-    return Stacked(parts, cached[2], cached[3])
-
-
-@torch.no_grad()
-def _stacked(parts: tuple[Projection, ...]) -> tuple[Tensor, Tensor | None]:
-    bias = None
-    if any(p.bias is not None for p in parts):
-        bias = torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in parts])
-    return torch.cat([p.weight for p in parts]), bias
-
-
-def _stackable(parts: tuple[Projection, ...]) -> bool:
-    """One matmul serves them all: same LoRA layout (count, scaling, no B bias) in every part."""
-    first = parts[0].loras
-    for part in parts:
-        if len(part.loras) != len(first) or part.weight.dtype != parts[0].weight.dtype:
-            return False
-        for mine, theirs in zip(part.loras, first, strict=True):
-            if mine[2] is not None or mine[3] != theirs[3] or mine[0].dtype != theirs[0].dtype:
-                return False
-    return True
-
-
-def _stacked_norm(q_weight: Tensor, k_weight: Tensor, heads: int, kv_heads: int) -> Tensor:
-    with torch.inference_mode(False), torch.no_grad():
-        return torch.cat([q_weight.expand(heads, -1), k_weight.expand(kv_heads, -1)])
-
-
-def plan_for(model, *, merge_lora: bool = False) -> Plan:
-    """What a forward of `model` uses now (weights are referenced; small models get stacked copies
-    of their base projections, cached across plans). `merge_lora` folds the active LoRA terms into
-    the weights, for inference on frozen adapters of small models (no LoRA matmuls per step)."""
-    lm = _causal_lm(model)
-    config = lm.config
-    body = lm.model
-    if getattr(body, "rotary_emb", None) is None or getattr(body, "embed_tokens", None) is None:
-        raise LeanUnsupported("the model has no rotary embedding module")
-    if lm.lm_head.__class__ is not nn.Linear:
-        raise LeanUnsupported(f"lm_head is {type(lm.lm_head).__name__}")
-    heads = config.num_attention_heads
-    kv_heads = config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    hidden = config.hidden_size
-    stacked = len(body.layers) * hidden * ((heads + 2 * kv_heads) * head_dim + 2 * config.intermediate_size)
-    fuse = stacked <= FUSE_MAX_ELEMENTS
-    merge = merge_lora and fuse
-    layers = []
-    for layer in body.layers:
-        attention, mlp = layer.self_attn, layer.mlp
-        q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
-        qk_norm = None
-        if q_norm is not None:
-            qk_norm = _stacked_norm(q_norm.weight, k_norm.weight, heads, kv_heads)
-        o, down = _projection(attention.o_proj), _projection(mlp.down_proj)
-        layers.append(
-            LayerPlan(
-                input_norm=layer.input_layernorm.weight,
-                post_norm=layer.post_attention_layernorm.weight,
-                qk_norm=qk_norm,
-                qkv=_stack(
-                    tuple(_projection(m) for m in (attention.q_proj, attention.k_proj, attention.v_proj)),
-                    fuse,
-                    merge,
-                ),
-                o=o.merged() if merge else o,
-                gate_up=_stack((_projection(mlp.gate_proj), _projection(mlp.up_proj)), fuse, merge),
-                down=down.merged() if merge else down,
-            )
-        )
-    return Plan(
-        embed=body.embed_tokens.weight,
-        layers=tuple(layers),
-        final_norm=body.norm.weight,
-        lm_head=lm.lm_head.weight,
-        lm_head_bias=lm.lm_head.bias,
-        rotary=body.rotary_emb,
-        eps=config.rms_norm_eps,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        scaling=getattr(body.layers[0].self_attn, "scaling", head_dim**-0.5),
-        intermediate=config.intermediate_size,
-    )
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
