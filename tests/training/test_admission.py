@@ -136,3 +136,25 @@ def test_status_queue_detail_and_cancel_routes(api, django_capture_on_commit_cal
     _error(api.get("/v1/train/jobs/3f1f8c5e-0000-4000-8000-000000000000"), 404, "training_job_not_found")
     _error(api.delete(f"/v1/train/jobs/{second}"), 409, "training_job_already_started")
     assert api.delete(f"/v1/train/jobs/{first}").json()["status"] == "deleted"
+
+
+def test_a_training_job_without_model_weights_fails_with_mock_mode(
+    api, settings, django_capture_on_commit_callbacks
+):
+    """The guide's "training says real weights are unavailable": a queued job meets a worker with
+    no model configured and fails with a clear code; its reserved adapter name is released."""
+    import dataclasses
+
+    from kiln_project.jobs.runner import run_queued_jobs
+
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=None)
+    job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "no-weights"}}).json()["job_id"]
+    assert Adapter.objects.get(name="no-weights").state == "writing"  # reserved while queued
+    with django_capture_on_commit_callbacks(execute=True):  # the failure hook runs after commit
+        run_queued_jobs("gpu")
+    detail = api.get(f"/v1/train/jobs/{job_id}").json()
+    assert detail["state"] == "failed"
+    assert detail["error"]["code"] == "mock_mode"
+    assert "real model weights are unavailable" in detail["error"]["message"]
+    assert detail["adapter_path"] is None
+    assert not Adapter.objects.filter(name="no-weights").exists()  # released: the name is free again
