@@ -186,3 +186,22 @@ def test_unsupported_models_say_why():
     mistral_like = _model("llama")
     mistral_like.config.model_type = "mistral"
     assert "model type 'mistral'" in lean_decoder.unsupported_reason(mistral_like)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+def test_bfloat16_weights_with_float32_lora_match_transformers(family):
+    """The CUDA training layout (bf16 activations, fp32 LoRA tensors), checked on the CPU:
+    reduced-precision norms, the LoRA dtype cast and fp32 log-probs follow transformers/peft."""
+    peft = _with_random_lora(_model(family).to(torch.bfloat16))
+    assert {p.dtype for p in peft.parameters() if p.requires_grad} == {torch.float32}
+    ids, lengths = _batch()
+    with torch.no_grad():
+        expected = _hf_logprobs(peft, ids, lengths)
+        got = lean_decoder.sequence_logprobs(lean_decoder.plan_for(peft), ids, 6, prefix=6)
+        with peft.disable_adapter():
+            base = lean_decoder.sequence_logprobs(lean_decoder.plan_for(peft), ids, 6, prefix=6)
+    assert got.dtype == torch.float32
+    for a, b in zip(_real(got, lengths, 6), _real(expected, lengths, 6), strict=True):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=0)  # bf16 rounding only
+    moved = [(a - b).abs().max() for a, b in zip(_real(got, lengths, 6), _real(base, lengths, 6), strict=True)]
+    assert max(moved) > 0.1  # the adapter matters, so the tolerance above cannot hide a dropped LoRA
