@@ -1,0 +1,239 @@
+"""One prepared accelerator check: the lean forward, the sampler and a GRPO run in bf16. Imports no Django.
+
+Made to be the single command of a device session (budgets there are minutes), and runnable on
+the CPU first so that no device time is spent finding its bugs:
+
+    PYTHONUNBUFFERED=1 python3 benchmarks/device_check.py --device cuda --json $OUT/device_check.json
+    .venv/bin/python benchmarks/device_check.py --device cpu      # the same checks, here
+
+It needs torch, transformers, peft, tokenizers and safetensors (the GPU image has them) and the
+repository; it builds the tiny model itself. Checks, in order:
+  1. lean vs transformers log-probs for the activation dtype the trainer picks on the device
+     (bf16 on CUDA) with fp32 LoRA tensors, with and without prompt sharing; LoRA gradient
+     agreement (cosine similarity);
+  2. the sampler: 16 completions x 32 tokens, tokens/s, and its behaviour log-probs against a
+     transformers forward of the sampled sequences;
+  3. a GRPO run (`train_grpo`, device auto) over groups the sampler produced: phase timings,
+     forward path, fallbacks, peak memory.
+Exit status 1 when an equality check misses its tolerance; speed is printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Tolerances on log-probs (nats): fp32 agrees to rounding; bf16 activations round at ~3 digits.
+TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 5e-2, torch.float16: 5e-2}
+MIN_GRAD_COSINE = 0.99
+
+
+def check_lean_forward(model_dir: Path, device: torch.device, dtype: torch.dtype) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from gpu_runtime import lean_decoder
+    from gpu_runtime.grpo.adapter_io import attach_lora
+    from gpu_runtime.grpo.reference import token_logprobs
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    peft = attach_lora(model.to(device).eval(), rank=8, alpha=16)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    params = [p for _, p in sorted(peft.named_parameters()) if p.requires_grad]
+    ids = torch.randint(5, 1000, (8, 64), device=device)
+    ids[:, :24] = ids[0, :24]  # a shared 24-token prompt
+    start = 24
+
+    def run(compute):
+        for p in params:
+            p.grad = None
+        values = compute()[:, start:]
+        values.float().sum().backward()
+        return values.detach().float(), torch.cat([p.grad.flatten().float() for p in params])
+
+    hf, hf_grad = run(lambda: token_logprobs(peft(input_ids=ids).logits, ids))
+    plan = lean_decoder.plan_for(peft)
+    out = {"dtype": str(dtype).removeprefix("torch."), "tolerance": TOLERANCE[dtype]}
+    for label, prefix in (("full", 0), ("shared_prompt", start)):
+        values, grad = run(lambda p=prefix: lean_decoder.sequence_logprobs(plan, ids, start, prefix=p))
+        cosine = float(torch.nn.functional.cosine_similarity(grad, hf_grad, dim=0))
+        out[label] = {"max_abs_logprob_diff": float((values - hf).abs().max()), "grad_cosine": cosine}
+    out["ok"] = all(
+        out[k]["max_abs_logprob_diff"] <= TOLERANCE[dtype] and out[k]["grad_cosine"] >= MIN_GRAD_COSINE
+        for k in ("full", "shared_prompt")
+    )
+    return out
+
+
+def check_sampler(model_dir: Path, device: torch.device, dtype: torch.dtype) -> tuple[dict, list[dict]]:
+    from gpu_runtime.model_loading import load_model
+    from gpu_runtime.provenance import build_rollout_provenance
+    from gpu_runtime.sample_types import SampleRequest
+    from gpu_runtime.sampler import Sampler
+    from gpu_runtime.sampling import SamplingParams
+
+    loaded = load_model(model_dir, device=device, dtype=dtype)
+    sampler = Sampler(loaded)
+    prompts = ["What is 47 + 38? Reply with just the number.", "What is 91 - 15? Reply with just the number."]
+
+    def requests(seed: int):
+        return [
+            SampleRequest(
+                messages=[{"role": "user", "content": prompt}],
+                sampling=SamplingParams(temperature=1.0, max_tokens=32),
+                seed=seed + 8 * p + i,
+                enable_thinking=False,
+                ignore_eos=True,
+            )
+            for p, prompt in enumerate(prompts)
+            for i in range(8)
+        ]
+
+    sampler.generate(requests(1000))  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    results = sampler.generate(requests(0))
+    seconds = time.perf_counter() - started
+    worst = 0.0
+    with torch.inference_mode():
+        for result in results[:4]:
+            ids = result.prompt_token_ids + result.completion_token_ids
+            logits = loaded.model(input_ids=torch.tensor([ids], device=device)).logits[0].float()
+            logprobs = torch.log_softmax(logits, -1)
+            first = len(result.prompt_token_ids) - 1
+            for i, token in enumerate(result.completion_token_ids):
+                worst = max(worst, abs(float(logprobs[first + i, token]) - result.token_logprobs[i]))
+    groups = []
+    for p, prompt in enumerate(prompts):
+        messages = [{"role": "user", "content": prompt}]
+        chunk = results[8 * p : 8 * (p + 1)]
+        groups.append(
+            {
+                "messages": messages,
+                "completions": [
+                    {
+                        "text": r.text,
+                        "reward": sum(ch.isdigit() for ch in r.text) / max(1, len(r.text)),
+                        "provenance": build_rollout_provenance(r, prompt_messages=messages),
+                    }
+                    for r in chunk
+                ],
+            }
+        )
+    tokens = sum(len(r.completion_token_ids) for r in results)
+    summary = {
+        "forward_path": sampler.forward_path,
+        "tokens": tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_second": round(tokens / seconds, 1),
+        "max_abs_behavior_logprob_diff": worst,
+        "tolerance": TOLERANCE[dtype],
+        "ok": worst <= TOLERANCE[dtype],
+    }
+    return summary, groups
+
+
+def check_training(model_dir: Path, device_name: str, groups: list[dict]) -> dict:
+    from gpu_runtime.grpo.config import GrpoConfig
+    from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
+
+    config = GrpoConfig.from_dict(
+        {
+            "optimizer": {"kind": "adam_w"},
+            "learning_rate": 1e-5,
+            "kl_coeff": 0.1,
+            "dynamic_sampling": False,
+            "behavior_policy": "recorded",
+            "seed": 0,
+        }
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        if device_name.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        result = train_grpo(
+            TrainRequest(
+                model_dir=model_dir,
+                groups=groups * 4,  # 8 optimizer groups
+                config=config,
+                output_dir=Path(tmp) / "device-check",
+                adapter_name="device-check",
+                device=device_name,
+                template_kwargs={"enable_thinking": False},
+            ),
+            on_progress=lambda figures: None,
+            should_stop=lambda: False,
+        )
+        wall = time.perf_counter() - started
+    receipt = result.receipt
+    losses = [step["loss"] for step in receipt["loss_history"]]
+    return {
+        "wall_seconds": round(wall, 3),
+        "optimizer_steps": result.final_step,
+        "execution_provenance": receipt["runtime"]["execution_provenance"],
+        "training_precision": receipt["runtime"]["training_precision"],
+        "peak_vram_mib": receipt["runtime"].get("peak_vram_mib"),
+        "fallbacks": receipt["fallbacks"],
+        "phase_timings": receipt["phase_timings"],
+        "losses_finite": all(v == v and abs(v) != float("inf") for v in losses),
+        "ok": all(v == v and abs(v) != float("inf") for v in losses),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model-dir", type=Path, help="a local model dir (default: build the tiny model)")
+    parser.add_argument("--warm-steps", type=int, default=30)
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], help="checks 1-2 (default: what the trainer picks)"
+    )
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    args = parser.parse_args(argv)
+
+    from gpu_runtime.grpo.run_support import resolve_device
+
+    device, dtype = resolve_device(args.device, [])
+    if args.dtype:
+        dtype = getattr(torch, args.dtype)
+    report: dict = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model_dir
+        if model_dir is None:
+            from gpu_runtime.tiny_model import create_tiny_model
+
+            model_dir = Path(tmp) / "tiny"
+            print(f"building the tiny model ({args.warm_steps} warm-up steps)...", flush=True)
+            create_tiny_model(model_dir, seed=0, warm_steps=args.warm_steps)
+        print("1. lean forward vs transformers...", flush=True)
+        report["lean_forward"] = check_lean_forward(model_dir, device, dtype)
+        print("2. sampler...", flush=True)
+        report["sampler"], groups = check_sampler(model_dir, device, dtype)
+        print("3. GRPO training...", flush=True)
+        report["training"] = check_training(model_dir, args.device, groups)
+    report["ok"] = all(report[k]["ok"] for k in ("lean_forward", "sampler", "training"))
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
