@@ -11,8 +11,8 @@ repository; it builds the tiny model itself. Checks, in order:
   1. lean vs transformers log-probs for the activation dtype the trainer picks on the device
      (bf16 on CUDA) with fp32 LoRA tensors, with and without prompt sharing; LoRA gradient
      agreement (cosine similarity);
-  2. the sampler: 16 completions x 32 tokens, tokens/s, and its behaviour log-probs against a
-     transformers forward of the sampled sequences;
+  2. the sampler: grpo_step's round (16 completions x 32 tokens), tokens/s, and its behaviour
+     log-probs against a transformers forward of the sampled sequences;
   3. a GRPO run (`train_grpo`, device auto) over groups the sampler produced: phase timings,
      forward path, fallbacks, peak memory.
 Exit status 1 when an equality check misses its tolerance; speed is printed, never asserted.
@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import grpo_step  # noqa: E402 - the same round of completions as the TRL benchmark
 
 # Tolerances on log-probs (nats): fp32 agrees to rounding; bf16 activations round at ~3 digits.
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 5e-2, torch.float16: 5e-2}
@@ -77,35 +79,16 @@ def check_lean_forward(model_dir: Path, device: torch.device, dtype: torch.dtype
 
 
 def check_sampler(model_dir: Path, device: torch.device, dtype: torch.dtype) -> tuple[dict, list[dict]]:
+    """grpo_step's round (2 prompts x 8 x 32 tokens) on the device, timed, log-probs checked."""
     from gpu_runtime.model_loading import load_model
-    from gpu_runtime.provenance import build_rollout_provenance
-    from gpu_runtime.sample_types import SampleRequest
     from gpu_runtime.sampler import Sampler
-    from gpu_runtime.sampling import SamplingParams
 
     loaded = load_model(model_dir, device=device, dtype=dtype)
     sampler = Sampler(loaded)
-    prompts = ["What is 47 + 38? Reply with just the number.", "What is 91 - 15? Reply with just the number."]
-
-    def requests(seed: int):
-        return [
-            SampleRequest(
-                messages=[{"role": "user", "content": prompt}],
-                sampling=SamplingParams(temperature=1.0, max_tokens=32),
-                seed=seed + 8 * p + i,
-                enable_thinking=False,
-                ignore_eos=True,
-            )
-            for p, prompt in enumerate(prompts)
-            for i in range(8)
-        ]
-
-    sampler.generate(requests(1000))  # warm-up
+    grpo_step.sample_round(sampler, seed=999)  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    results = sampler.generate(requests(0))
-    seconds = time.perf_counter() - started
+    results, generation_ms = grpo_step.sample_round(sampler, seed=0)
     worst = 0.0
     with torch.inference_mode():
         for result in results[:4]:
@@ -115,34 +98,17 @@ def check_sampler(model_dir: Path, device: torch.device, dtype: torch.dtype) -> 
             first = len(result.prompt_token_ids) - 1
             for i, token in enumerate(result.completion_token_ids):
                 worst = max(worst, abs(float(logprobs[first + i, token]) - result.token_logprobs[i]))
-    groups = []
-    for p, prompt in enumerate(prompts):
-        messages = [{"role": "user", "content": prompt}]
-        chunk = results[8 * p : 8 * (p + 1)]
-        groups.append(
-            {
-                "messages": messages,
-                "completions": [
-                    {
-                        "text": r.text,
-                        "reward": sum(ch.isdigit() for ch in r.text) / max(1, len(r.text)),
-                        "provenance": build_rollout_provenance(r, prompt_messages=messages),
-                    }
-                    for r in chunk
-                ],
-            }
-        )
     tokens = sum(len(r.completion_token_ids) for r in results)
     summary = {
         "forward_path": sampler.forward_path,
         "tokens": tokens,
-        "seconds": round(seconds, 4),
-        "tokens_per_second": round(tokens / seconds, 1),
+        "seconds": round(generation_ms / 1000, 4),
+        "tokens_per_second": round(tokens / (generation_ms / 1000), 1),
         "max_abs_behavior_logprob_diff": worst,
         "tolerance": TOLERANCE[dtype],
         "ok": worst <= TOLERANCE[dtype],
     }
-    return summary, groups
+    return summary, grpo_step.scored_groups(results)
 
 
 def check_training(model_dir: Path, device_name: str, groups: list[dict]) -> dict:
@@ -216,11 +182,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir
         if model_dir is None:
-            from gpu_runtime.tiny_model import create_tiny_model
-
-            model_dir = Path(tmp) / "tiny"
-            print(f"building the tiny model ({args.warm_steps} warm-up steps)...", flush=True)
-            create_tiny_model(model_dir, seed=0, warm_steps=args.warm_steps)
+            model_dir = grpo_step.build_tiny_model(Path(tmp), args.warm_steps)
         print("1. lean forward vs transformers...", flush=True)
         report["lean_forward"] = check_lean_forward(model_dir, device, dtype)
         print("2. sampler...", flush=True)

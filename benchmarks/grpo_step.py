@@ -39,47 +39,62 @@ def digit_reward(text: str) -> float:
     return sum(ch.isdigit() for ch in text) / max(1, len(text))
 
 
-def kiln_round(loaded, sampler, seed: int) -> tuple[list[dict], float]:
-    from gpu_runtime.provenance import build_rollout_provenance
+def sample_round(sampler, seed: int) -> tuple[list, float]:
+    """The round's 16 completions (2 prompts x 8, exactly NEW_TOKENS each) and the ms it took."""
     from gpu_runtime.sample_types import SampleRequest
     from gpu_runtime.sampling import SamplingParams
 
-    requests, owners = [], []
-    for p, prompt in enumerate(PROMPTS):
-        messages = [{"role": "user", "content": prompt}]
-        for i in range(GROUP_SIZE):
-            requests.append(
-                SampleRequest(
-                    messages=messages,
-                    sampling=SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS),
-                    seed=seed * 100 + p * GROUP_SIZE + i,
-                    enable_thinking=False,
-                    ignore_eos=True,
-                )
-            )
-            owners.append(messages)
+    requests = [
+        SampleRequest(
+            messages=[{"role": "user", "content": prompt}],
+            sampling=SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS),
+            seed=seed * 100 + p * GROUP_SIZE + i,
+            enable_thinking=False,
+            ignore_eos=True,
+        )
+        for p, prompt in enumerate(PROMPTS)
+        for i in range(GROUP_SIZE)
+    ]
     started = time.perf_counter()
     results = sampler.generate(requests)
     generation_ms = (time.perf_counter() - started) * 1000
-    groups = []
-    for p in range(len(PROMPTS)):
-        chunk = results[p * GROUP_SIZE : (p + 1) * GROUP_SIZE]
-        messages = owners[p * GROUP_SIZE]
-        groups.append(
-            {
-                "messages": messages,
-                "completions": [
-                    {
-                        "text": r.text,
-                        "reward": digit_reward(r.text),
-                        "provenance": build_rollout_provenance(r, prompt_messages=messages),
-                    }
-                    for r in chunk
-                ],
-            }
-        )
     assert all(len(r.completion_token_ids) == NEW_TOKENS for r in results)
-    return groups, generation_ms
+    return results, generation_ms
+
+
+def scored_groups(results: list) -> list[dict]:
+    """GRPO groups (one per prompt) of `sample_round`'s results, with rewards and provenance."""
+    from gpu_runtime.provenance import build_rollout_provenance
+
+    groups = []
+    for p, prompt in enumerate(PROMPTS):
+        messages = [{"role": "user", "content": prompt}]
+        chunk = results[p * GROUP_SIZE : (p + 1) * GROUP_SIZE]
+        completions = [
+            {
+                "text": r.text,
+                "reward": digit_reward(r.text),
+                "provenance": build_rollout_provenance(r, prompt_messages=messages),
+            }
+            for r in chunk
+        ]
+        groups.append({"messages": messages, "completions": completions})
+    return groups
+
+
+def kiln_round(sampler, seed: int) -> tuple[list[dict], float]:
+    results, generation_ms = sample_round(sampler, seed)
+    return scored_groups(results), generation_ms
+
+
+def build_tiny_model(parent: Path, warm_steps: int) -> Path:
+    """The tiny model (default recipe, seed 0, `warm_steps` warm-up steps) under `parent`."""
+    from gpu_runtime.tiny_model import create_tiny_model
+
+    model_dir = Path(parent) / "tiny"
+    print(f"building the tiny model ({warm_steps} warm-up steps)...", flush=True)
+    create_tiny_model(model_dir, seed=0, warm_steps=warm_steps)
+    return model_dir
 
 
 def run_kiln(model_dir: Path, rounds: int, device: str, behavior_policy: str) -> dict:
@@ -92,10 +107,10 @@ def run_kiln(model_dir: Path, rounds: int, device: str, behavior_policy: str) ->
 
     loaded = load_model(model_dir, device=device)
     sampler = Sampler(loaded)
-    kiln_round(loaded, sampler, seed=999)  # warm-up
+    kiln_round(sampler, seed=999)  # warm-up
     groups, generation = [], []
     for r in range(rounds):
-        round_groups, ms = kiln_round(loaded, sampler, seed=r)
+        round_groups, ms = kiln_round(sampler, seed=r)
         groups += round_groups
         generation.append(ms)
     config = GrpoConfig.from_dict(
@@ -322,11 +337,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir
         if model_dir is None:
-            from gpu_runtime.tiny_model import create_tiny_model
-
-            model_dir = Path(tmp) / "tiny"
-            print(f"building the tiny model ({args.warm_steps} warm-up steps)...", flush=True)
-            create_tiny_model(model_dir, seed=0, warm_steps=args.warm_steps)
+            model_dir = build_tiny_model(Path(tmp), args.warm_steps)
             torch.set_num_threads(args.threads)
         trl_note = None
         if not Path(args.trl_python).exists():
