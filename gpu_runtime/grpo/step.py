@@ -31,7 +31,7 @@ from gpu_runtime.grpo.adapter_io import trainable_parameters
 from gpu_runtime.grpo.errors import TrainingError
 from gpu_runtime.grpo.flat_optim import FlatAdamW, FlatParameters, FlatSGD, flat_layout_supported
 from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss
-from gpu_runtime.grpo.reference import common_prefix_length, shared_prefix_reference_logprobs
+from gpu_runtime.grpo.reference import shared_prefix_reference_logprobs
 
 
 @dataclass
@@ -198,40 +198,31 @@ class GroupStepper:
     @torch.no_grad()
     def reference_logprobs(self, tensors: GroupTensors) -> torch.Tensor:
         started = time.perf_counter()
+        prefix = self._prefix(tensors.ids, tensors.lengths)
+        if self.config.shared_prefix_reference and prefix < 1:
+            self._fallback("shared_prefix_reference", "batched_forward", "the group's sequences share no prefix")
         with self._reference_policy():
             out = None
             if self.lean_policy is not None:
                 plan = self.lean_policy if self.config.kl_reference_policy.kind == "ema" else self.lean_base
-                prefix = self._prefix(tensors.ids, tensors.lengths)
-                if self.config.shared_prefix_reference and prefix < 1:
-                    self._fallback(
-                        "shared_prefix_reference", "batched_forward", "the group's sequences share no prefix"
-                    )
-                self.reference_path = "shared_prefix" if prefix else "batched"
                 out = lean_decoder.sequence_logprobs(plan, tensors.ids, tensors.start, prefix=prefix)
-                out = out * tensors.attention
-            elif self.config.shared_prefix_reference and self.reference_path != "batched":
+                self.reference_path = "shared_prefix" if prefix else "batched"
+            elif prefix and self.reference_path != "batched":
                 seqs = [row[:n].tolist() for row, n in zip(tensors.ids, tensors.lengths, strict=True)]
-                if common_prefix_length(seqs) < 1:
-                    self._fallback(
-                        "shared_prefix_reference", "batched_forward", "the group's sequences share no prefix"
-                    )
-                else:
-                    try:
-                        out = shared_prefix_reference_logprobs(self.model, seqs)
-                        self.reference_path = "shared_prefix"
-                    except (AttributeError, KeyError, TypeError, NotImplementedError) as exc:
-                        self.reference_path = "batched"
-                        self._fallback(
-                            "shared_prefix_reference",
-                            "batched_forward",
-                            f"the model's KV cache cannot be shared: {exc}",
-                        )
-            if out is None:
-                if self.reference_path is None:
+                try:
+                    out = shared_prefix_reference_logprobs(self.model, seqs)
+                    self.reference_path = "shared_prefix"
+                except (AttributeError, KeyError, TypeError, NotImplementedError) as exc:
                     self.reference_path = "batched"
+                    self._fallback(
+                        "shared_prefix_reference",
+                        "batched_forward",
+                        f"the model's KV cache cannot be shared: {exc}",
+                    )
+            if out is None:
+                self.reference_path = self.reference_path or "batched"
                 out = self._policy_logprobs(tensors.ids, tensors.attention, tensors.start, tensors.lengths)
-                out = out * tensors.attention  # zero past each end, like the shared-prefix layout
+            out = out * tensors.attention  # zero past each end, whichever layout computed it
         self._time("reference_forward_ms", started)
         width = tensors.ids.shape[1]
         if out.shape[1] < width:
