@@ -10,15 +10,14 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from adapters.models import Adapter, AdapterState
+from core.artifacts import ensure_dir
 from kiln_project.errors import KilnError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def adapters_root() -> Path:
-    root = settings.KILN.home / "adapters"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    return ensure_dir(settings.KILN.layout.adapters)
 
 
 def validate_adapter_name(name: str, *, field: str = "output_name") -> str:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from core.artifacts import ensure_dir, write_file
+from core.canonical import sha256_digest
 from evaluations.models import Scorer
-from kiln_project.canonical import sha256_digest
 from kiln_project.errors import KilnError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -27,9 +27,7 @@ MAX_DESCRIPTION_CHARS = 2000
 
 
 def scorers_root() -> Path:
-    root = settings.KILN.home / "scorers"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    return ensure_dir(settings.KILN.layout.scorers)
 
 
 def _invalid(message: str, field: str, hint: str = "", code: str = "scorer_invalid") -> KilnError:
@@ -61,35 +59,6 @@ def _check_content(content: bytes) -> None:
                        "begin the file with #!/usr/bin/env python3 (the sandbox's python3 is /usr/bin/python3)")
 
 
-def _publish_file(target: Path, content: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            view = memoryview(content)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, 0o755)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, target)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    try:
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-
-
 def scorer_register(*, name: str, filename: str, content: bytes, description: str = "", user=None) -> Scorer:
     """Store a new scorer program under a new name. A name in use answers scorer_name_taken (409)."""
     validate_scorer_name(name)
@@ -109,7 +78,8 @@ def scorer_register(*, name: str, filename: str, content: bytes, description: st
                 size_bytes=len(content), description=description,
                 created_by=user if getattr(user, "is_authenticated", False) else None,
             )
-            _publish_file(target, bytes(content))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_file(target, bytes(content), mode=0o755)
     except IntegrityError:
         raise KilnError("scorer_name_taken", f"name: a scorer named {name!r} is already registered", status=409,
                         field="name") from None

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from kiln_project.canonical import json_digest, sha256_digest
+from core.canonical import json_digest, sha256_digest
 
 WEIGHT_SUFFIXES = (".safetensors",)
 LEGACY_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth")

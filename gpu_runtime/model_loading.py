@@ -16,8 +16,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from core.canonical import json_digest
 from gpu_runtime.identity import file_manifest, manifest_digest, tokenizer_identity, weight_shards
-from kiln_project.canonical import json_digest
 
 SAMPLER_IMPLEMENTATION = "kiln.gpu_runtime.sampler/1"
 ATTN_IMPLEMENTATION = "sdpa"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 
-from kiln_project.canonical import canonical_json, json_digest
+from core.canonical import canonical_json, json_digest
 
 SCHEMA = "kiln.rollout-provenance.v1"
 PAYLOAD_SCHEMA = "kiln.scored-rollout-payload.v1"

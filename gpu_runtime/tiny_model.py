@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,10 +21,11 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from core.artifacts import publish_directory
+from core.canonical import json_digest
 from gpu_runtime.chat_template import CHAT_TEMPLATE, ENDOFTEXT, IM_END, MARKUP_TOKENS, SPECIAL_TOKENS
 from gpu_runtime.identity import file_manifest, manifest_digest
 from gpu_runtime.tiny_tasks import SYSTEM_PROMPT, Example, TaskSampler, held_out_arithmetic, tokenizer_corpus
-from kiln_project.canonical import json_digest
 
 RECIPE_SCHEMA = "kiln.tiny-model.v1"
 RECIPE_FILE = "kiln_tiny_model.json"
@@ -94,7 +94,7 @@ def create_tiny_model(
         "held_out_accuracy": accuracy,
         "torch_version": torch.__version__,
     }
-    _publish(out_dir, model, tokenizer, recipe)
+    _publish(out_dir, model, tokenizer, recipe, replace=overwrite)
     weights = file_manifest(out_dir, ["model.safetensors"])
     return dict(
         recipe,
@@ -318,12 +318,10 @@ def _deterministic_cpu():
         torch.use_deterministic_algorithms(deterministic)
 
 
-def _publish(out_dir: Path, model, tokenizer, recipe: dict) -> None:
-    """Write everything into a hidden sibling, fsync, then rename: readers never see half a model."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
+def _publish(out_dir: Path, model, tokenizer, recipe: dict, *, replace: bool) -> None:
+    """Write everything into a hidden sibling, then publish it atomically: readers never see half a model."""
+
+    def fill(staging: Path) -> None:
         model.generation_config = GenerationConfig(
             eos_token_id=[
                 tokenizer.convert_tokens_to_ids(IM_END),
@@ -336,16 +334,5 @@ def _publish(out_dir: Path, model, tokenizer, recipe: dict) -> None:
         (staging / RECIPE_FILE).write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
         for path in staging.iterdir():
             os.chmod(path, 0o644)  # safetensors writes 0600; a server running as another user must read it
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-        if out_dir.exists():
-            # Swap: the old directory (empty, or replaced on request) leaves only after the new one is whole.
-            retired = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-            os.rename(out_dir, retired)
-            os.rename(staging, out_dir)
-            shutil.rmtree(retired)
-        else:
-            os.rename(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    publish_directory(out_dir, fill, replace=replace)

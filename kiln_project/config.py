@@ -11,6 +11,8 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from core.artifacts import HomeLayout
+
 SERVING_PROFILES = ("stable", "maintenance", "experimental")
 DEFAULT_PORT = 8420
 DEFAULT_HOST = "127.0.0.1"
@@ -35,6 +37,11 @@ class KilnConfig:
     secret_key: str | None = None
     config_file: Path | None = None
     extra_job_modules: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def layout(self) -> HomeLayout:
+        """Every location under KILN_HOME (core.artifacts names them all)."""
+        return HomeLayout(self.home)
 
     @property
     def redis_socket(self) -> Path:
@@ -117,9 +124,9 @@ def load_config(env: dict | None = None) -> KilnConfig:
     home_path = Path(home).expanduser().resolve()
 
     model_path = env.get("KILN_MODEL_PATH") or model_toml.get("path")
-    if not model_path and (home_path / "models" / "tiny").is_dir():
+    if not model_path and HomeLayout(home_path).tiny_model.is_dir():
         # The embedded default: the tiny model that `kiln model create-tiny` put in KILN_HOME.
-        model_path = home_path / "models" / "tiny"
+        model_path = HomeLayout(home_path).tiny_model
 
     profile = (
         env.get("KILN_SERVER_SERVING_PROFILE")

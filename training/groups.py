@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from kiln_project.canonical import sha256_digest
+from core.canonical import sha256_digest
 
 MAX_GROUPS = 100_000
 MAX_COMPLETIONS_PER_GROUP = 1024

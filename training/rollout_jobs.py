@@ -23,7 +23,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kiln_project.canonical import sha256_digest
+from core.canonical import sha256_digest
 from kiln_project.errors import KilnError
 from training.rollout_selectors import ROLLOUTS_FILE, SUMMARY_FILE, rollouts_job_dir
 from training.rollouts.corpus import build_groups, build_summary, corpus_bytes

@@ -22,7 +22,7 @@ RESULT_KEYS = {ROLLOUTS_FILE: "rollouts_path", SUMMARY_FILE: "summary_path"}
 
 
 def rollouts_root() -> Path:
-    return settings.KILN.home / "rollouts"
+    return settings.KILN.layout.rollouts
 
 
 def rollouts_job_dir(*, job_id: str) -> Path:

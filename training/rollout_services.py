@@ -15,14 +15,14 @@ Imports no torch. Web modules reach `gpu_runtime.provenance` (pure) through
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from pathlib import Path
 
 from adapters.selectors import adapter_published_path
+from core.artifacts import write_file
+from core.canonical import sha256_digest
 from evaluations.selectors import scorer_get
-from kiln_project.canonical import sha256_digest
 from kiln_project.errors import KilnError
 from kiln_project.jobs.models import JobState
 from kiln_project.jobs.services import job_submit
@@ -97,13 +97,7 @@ def _field_for(error: RolloutError) -> str:
 
 
 def _pin(directory: Path, name: str, data: bytes) -> Path:
-    path = directory / name
-    with open(path, "xb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    path.chmod(0o444)
-    return path
+    return write_file(directory / name, data, mode=0o444, exclusive=True)
 
 
 def rollouts_submit(*, tasks: bytes | None, tasks_filename: str = "tasks.jsonl", template_upload: bytes | None = None,

@@ -70,7 +70,7 @@ def run_grpo_job(ctx) -> dict:
         adapter_name=name, base_adapter_dir=base_dir, base_adapter_name=config.base_adapter,
         checkpoint_root=adapters_root(), source_sha256=data["admitted_corpus_sha256"],
         source_kind=data["source"], source_path=data.get("path"), device="auto",
-        failure_receipt_path=settings.KILN.home / "training" / "receipts" / f"{ctx.job_id}.train_receipt.json",
+        failure_receipt_path=settings.KILN.layout.failure_receipt(ctx.job_id),
     )
     request.failure_receipt_path.parent.mkdir(parents=True, exist_ok=True)
     recorder = ProgressRecorder(ctx)

@@ -17,6 +17,7 @@ from django.db import transaction
 
 from adapters.selectors import adapter_published_path
 from adapters.services import adapter_reserve, validate_adapter_name
+from core.artifacts import ensure_dir, write_file
 from gpu_runtime.grpo.config import resolve_effective_seed
 from gpu_runtime.grpo.config_values import GrpoConfigError
 from gpu_runtime.grpo.submission import GrpoSubmission
@@ -32,22 +33,12 @@ def _invalid(message: str, field: str, hint: str = "") -> KilnError:
 
 
 def snapshots_dir() -> Path:
-    path = settings.KILN.home / "training" / "snapshots"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return ensure_dir(settings.KILN.layout.training_snapshots)
 
 
 def _pin_snapshot(corpus: AdmittedCorpus) -> Path:
     """Write the admitted corpus as a private read-only file: the job trains on exactly these bytes."""
-    final = snapshots_dir() / f"{uuid.uuid4().hex}.jsonl"
-    tmp = final.with_name(f".{final.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(corpus.jsonl)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.chmod(0o444)
-    tmp.rename(final)
-    return final
+    return write_file(snapshots_dir() / f"{uuid.uuid4().hex}.jsonl", corpus.jsonl, mode=0o444, exclusive=True)
 
 
 def _read_dataset_path(value) -> tuple[AdmittedCorpus, dict]:

@@ -6,7 +6,8 @@
   optimizer state); rank, alpha and target modules must match the run's.
 - `adapter_state` / `restore_adapter_state` copy the trainable tensors in and out (checkpoints,
   the EMA reference snapshot); `lora_delta_norms` is the receipt's `lora_delta_norms[]`.
-- `StagedAdapter` publishes atomically: save into a hidden sibling, add the receipt, fsync, rename.
+- `StagedAdapter` publishes atomically through core.artifacts: save into a hidden sibling, add the
+  receipt, fsync, rename.
 - `adapter_content_sha256` is the same content digest the sampler's adapter manager computes
   (adapter_config.json + weights), so a behavior policy's adapter identity compares equal.
 - `adapter_smoke_test` greedy-decodes a few prompts with the adapter disabled and enabled.
@@ -15,9 +16,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -27,6 +25,7 @@ from typing import Any
 
 import torch
 
+from core.artifacts import StagedDirectory, json_bytes
 from gpu_runtime.grpo.errors import TrainingError
 from gpu_runtime.grpo.train_types import DEFAULT_TARGET_MODULES
 from gpu_runtime.identity import adapter_files, file_manifest, manifest_digest
@@ -194,45 +193,20 @@ def lora_delta_norms(peft_model) -> list[dict[str, Any]]:
     return out
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    for path in sorted(Path(root).rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-    fsync_dir(root)
-
-
-def write_json(path: Path, value: Any, *, atomic: bool = True) -> None:
-    """Pretty JSON plus newline; atomic writes go through a hidden sibling and a rename."""
-    data = json.dumps(value, indent=2, sort_keys=False, allow_nan=False) + "\n"
-    path = Path(path)
-    if not atomic:
-        path.write_text(data)
-        return
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 @dataclass
 class StagedAdapter:
-    """A saved adapter in a hidden sibling of its final directory, not yet visible."""
+    """A saved adapter in a hidden sibling of its final directory (core.artifacts), not yet visible."""
 
-    staging: Path
-    final: Path
+    staged: StagedDirectory
     identity: dict
+
+    @property
+    def staging(self) -> Path:
+        return self.staged.staging
+
+    @property
+    def final(self) -> Path:
+        return self.staged.final
 
     @classmethod
     def save(cls, peft_model, final: Path) -> StagedAdapter:
@@ -241,38 +215,32 @@ class StagedAdapter:
             raise TrainingError(
                 "adapter_already_exists", f"{final} already exists; adapters are never overwritten"
             )
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = final.parent / f".{final.name}.staging-{uuid.uuid4().hex[:12]}"
-        staging.mkdir()
+        staged = StagedDirectory(final)
         try:
-            peft_model.save_pretrained(str(staging), safe_serialization=True)
-            (staging / "README.md").unlink(
-                missing_ok=True
-            )  # peft's generated model card: not part of the adapter
+            peft_model.save_pretrained(str(staged.staging), safe_serialization=True)
+            # peft's generated model card: not part of the adapter
+            (staged.staging / "README.md").unlink(missing_ok=True)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            staged.discard()
             raise
-        return cls(staging, final, adapter_identity(staging) | {"path": str(final)})
+        return cls(staged, adapter_identity(staged.staging) | {"path": str(final)})
 
     def publish(self, extra_json: dict[str, Any]) -> Path:
-        """Write the extra JSON files (e.g. train_receipt.json), fsync everything, rename into place."""
+        """Write the extra JSON files (e.g. train_receipt.json), then publish the folder atomically."""
         try:
             for name, value in extra_json.items():
-                write_json(self.staging / name, value, atomic=False)
-            fsync_tree(self.staging)
+                (self.staging / name).write_bytes(json_bytes(value))
             if self.final.exists():
                 raise TrainingError(
                     "adapter_already_exists", f"{self.final} appeared while training; not overwritten"
                 )
-            os.rename(self.staging, self.final)
-            fsync_dir(self.final.parent)
+            return self.staged.publish()
         except BaseException:
             self.discard()
             raise
-        return self.final
 
     def discard(self) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staged.discard()
 
 
 @torch.no_grad()

@@ -1,6 +1,6 @@
 """The `kiln.grpo-policy-audit.v1` receipt object (spec §2.9), accumulated across a run.
 
-Pure Python: imports neither torch nor Django (digests come from `kiln_project.canonical`).
+Pure Python: imports neither torch nor Django (digests come from `core.canonical`).
 Feed it the stats dict of every `losses.grpo_loss` call and, for recorded-policy runs, each
 completion's behavior identity. It keeps only running sums, so its `state_dict()` fits in a
 checkpoint's auxiliary state and `from_state()` restores it for an exact resume.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kiln_project.canonical import json_digest
+from core.canonical import json_digest
 
 POLICY_AUDIT_SCHEMA = "kiln.grpo-policy-audit.v1"
 BEHAVIOR_SOURCE_SCHEMA = "kiln.grpo-behavior-source.v1"

@@ -18,10 +18,8 @@ links, missing / extra files, size or hash drift, unknown manifest fields and es
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import shutil
 import sys
 import uuid
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ from typing import Any
 
 import torch
 
-from gpu_runtime.grpo.adapter_io import fsync_dir
+from core.artifacts import StagedDirectory, json_bytes
 from gpu_runtime.grpo.errors import CheckpointError
 from gpu_runtime.identity import file_sha256
 
@@ -202,8 +200,8 @@ def write_checkpoint(
     final = root / checkpoint_name(adapter_name, step)
     if final.exists():
         raise CheckpointError("checkpoint_exists", f"{final.name} already exists; checkpoints are immutable")
-    staging = root / f".{final.name}.staging-{uuid.uuid4().hex[:12]}"
-    staging.mkdir()
+    staged = StagedDirectory(final)  # a hidden sibling; immutable: publication refuses an existing one
+    staging = staged.staging
     try:
         (staging / SENTINEL).write_bytes(b"")
         roles = {
@@ -223,8 +221,6 @@ def write_checkpoint(
             roles[REFERENCE_FILE] = "reference_state"
         files = {}
         for name, role in sorted(roles.items()):
-            with open(staging / name, "rb") as fh:
-                os.fsync(fh.fileno())
             files[name] = {
                 "role": role,
                 "size_bytes": (staging / name).stat().st_size,
@@ -266,18 +262,12 @@ def write_checkpoint(
             raise ValueError(
                 f"checkpoint manifest fields: unknown {sorted(unknown)}, missing {sorted(missing)}"
             )
-        with open(staging / MANIFEST, "w") as fh:
-            fh.write(json.dumps(full, indent=2, allow_nan=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        (staging / MANIFEST).write_bytes(json_bytes(full))
         (staging / SENTINEL).unlink()
-        fsync_dir(staging)
-        os.rename(staging, final)
-        fsync_dir(root)
+        return staged.publish()  # fsyncs every file and the folder, renames, fsyncs the parent
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        staged.discard()
         raise
-    return final
 
 
 # ---- load -----------------------------------------------------------------------------------

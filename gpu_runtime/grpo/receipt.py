@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 
+from core.canonical import json_digest
 from gpu_runtime.grpo.advantages import is_degenerate_group, population_variance
 from gpu_runtime.grpo.audit import PolicyAuditAccumulator
-from kiln_project.canonical import json_digest
 
 TOKEN_COUNT_KEYS = (
     "action_tokens",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from core.artifacts import write_json
 from gpu_runtime.grpo import adapter_io, checkpoint
 from gpu_runtime.grpo.errors import TrainingError
 from gpu_runtime.grpo.receipt import build_receipt
@@ -151,7 +152,7 @@ class RunOutputs:
         receipt = self._receipt("failed", (reason, message), None, norms=norms)
         path = self._failure_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        adapter_io.write_json(path, receipt)
+        write_json(path, receipt)
         return receipt, path
 
     def _fail(self, error: TrainingError) -> None:

@@ -20,7 +20,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kiln_project.canonical import sha256_digest
+from core.canonical import sha256_digest
 from kiln_project.cli.client import CliError, KilnClient
 from kiln_project.cli.output import ProgressBar, print_json
 from training.rollouts.corpus import build_groups, build_summary, corpus_bytes

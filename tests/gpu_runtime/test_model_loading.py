@@ -9,9 +9,9 @@ import shutil
 import pytest
 import torch
 
+from core.canonical import json_digest
 from gpu_runtime.identity import file_manifest, manifest_digest
 from gpu_runtime.model_loading import ModelLoadError, load_model
-from kiln_project.canonical import json_digest
 
 SHA = re.compile(r"^sha256:[0-9a-f]{64}$")
 

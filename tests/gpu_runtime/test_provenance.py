@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from core.canonical import json_digest
 from gpu_runtime.provenance import (
     ProvenanceError,
     build_rollout_provenance,
@@ -15,7 +16,6 @@ from gpu_runtime.provenance import (
 )
 from gpu_runtime.sample_types import SampleRequest
 from gpu_runtime.sampling import SamplingParams
-from kiln_project.canonical import json_digest
 
 MESSAGES = [{"role": "user", "content": "What is 47 + 13? Reply with just the number."}]
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from core.canonical import json_digest
 from gpu_runtime.grpo.audit import PolicyAuditAccumulator, behavior_source_sha256
 from gpu_runtime.grpo.config import GrpoConfig
 from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss
-from kiln_project.canonical import json_digest
 
 
 def step_stats(ratios, reference_shift, level="token"):

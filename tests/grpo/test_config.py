@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.canonical import canonical_json
 from gpu_runtime.grpo.config import GrpoConfig, GrpoConfigError, resolve_effective_seed
-from kiln_project.canonical import canonical_json
 
 
 def test_defaults_match_spec():

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from core import artifacts
 from training.rollouts import publish
 from training.rollouts.errors import RolloutError
 
@@ -62,15 +63,15 @@ def test_a_failed_second_rename_restores_the_previous_files(tmp_path, monkeypatc
 
 def test_a_failed_write_touches_nothing(tmp_path, monkeypatch):
     (tmp_path / "a.jsonl").write_bytes(b"old")
-    real, calls = publish._write_synced, []
+    real, calls = artifacts._write_synced, []
 
-    def write(path, data):
+    def write(path, data, mode):
         calls.append(path)
         if len(calls) == 2:
             raise OSError(5, "Input/output error")
-        real(path, data)
+        real(path, data, mode)
 
-    monkeypatch.setattr(publish, "_write_synced", write)
+    monkeypatch.setattr(artifacts, "_write_synced", write)  # the one publication module
     with pytest.raises(RolloutError, match="Input/output error"):
         publish.publish_together([(tmp_path / "a.jsonl", b"new"), (tmp_path / "a.json", b"{}")])
     assert listing(tmp_path) == ["a.jsonl"] and (tmp_path / "a.jsonl").read_bytes() == b"old"

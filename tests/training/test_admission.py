@@ -8,8 +8,8 @@ import pytest
 from django.test import Client
 
 from adapters.models import Adapter
+from core.canonical import sha256_digest
 from kiln_project.accounts.services import token_create, user_create
-from kiln_project.canonical import sha256_digest
 from kiln_project.jobs.models import Job
 
 pytestmark = pytest.mark.django_db

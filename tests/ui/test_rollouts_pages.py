@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from core.canonical import sha256_digest
 from evaluations.models import Scorer
-from kiln_project.canonical import sha256_digest
 from kiln_project.errors import KilnError
 from kiln_project.jobs import runner
 from kiln_project.jobs.models import Job, JobState

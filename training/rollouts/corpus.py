@@ -15,7 +15,7 @@ import math
 import statistics
 from collections import Counter
 
-from kiln_project.canonical import sha256_digest
+from core.canonical import sha256_digest
 from training.rollouts.generate import ScoredRollout
 
 SUMMARY_SCHEMA = "kiln.rollout-generate-summary.v1"

@@ -1,0 +1,292 @@
+"""Atomic publication of files and folders that other processes read. Pure module: os only.
+
+Every writer of a file that someone else reads (adapters, checkpoints, models, rollouts,
+receipts, run artifacts) goes through here, so a reader sees the old state or the new one and
+never half of either:
+- a file is written to a hidden sibling, flushed and fsynced, renamed over its target, and the
+  directory is fsynced;
+- a folder is filled in a hidden sibling (`StagedDirectory`), every file and the folder are
+  fsynced, then it is renamed into place (or swapped with the folder it replaces), and the
+  parent is fsynced;
+- several files that belong together are published all-or-nothing (`publish_together`).
+A failure leaves the previous state untouched and removes what it staged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class ArtifactError(OSError):
+    """Publication failed; the previous state was left as it was."""
+
+
+def hidden_sibling(path: Path, suffix: str) -> Path:
+    """`.<name>.<random>.<suffix>` next to `path`: never mistaken for a finished artifact."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.{suffix}")
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and folder under `root` (files first, folders bottom-up)."""
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def _write_synced(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(path, mode)  # the umask may have narrowed it
+
+
+def write_file(path: Path, data: bytes, *, mode: int = 0o644, exclusive: bool = False) -> Path:
+    """Publish `data` at `path` atomically, replacing what was there, or with `exclusive` refusing
+    (FileExistsError) a path that already exists."""
+    path = Path(path)
+    temp = hidden_sibling(path, "tmp")
+    try:
+        _write_synced(temp, data, mode)
+        if exclusive:
+            os.link(temp, path)  # fails if the path exists; the name appears with the whole content
+            os.unlink(temp)
+        else:
+            os.replace(temp, path)
+    except BaseException:
+        _unlink_quietly(temp)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def write_json(path: Path, value: Any, *, mode: int = 0o644) -> Path:
+    """Pretty JSON plus a newline, published atomically; NaN and infinities are refused."""
+    text = json.dumps(value, indent=2, allow_nan=False) + "\n"
+    return write_file(path, text.encode(), mode=mode)
+
+
+def json_bytes(value: Any) -> bytes:
+    """The bytes `write_json` writes (for files staged inside a `StagedDirectory`)."""
+    return (json.dumps(value, indent=2, allow_nan=False) + "\n").encode()
+
+
+class StagedDirectory:
+    """A folder filled in a hidden sibling of `final`, invisible until `publish()`.
+
+    `replace=False` refuses a `final` that exists and is not an empty folder (checked when
+    staging begins and again at publication); `replace=True` swaps the old folder out only once
+    the new one is complete.
+    """
+
+    def __init__(self, final: Path, *, replace: bool = False):
+        self.final = Path(final)
+        self.replace = replace
+        self._check_target()
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = hidden_sibling(self.final, "staging")
+        self.staging.mkdir()
+
+    def _check_target(self) -> None:
+        final = self.final
+        if os.path.islink(final) or (final.exists() and not final.is_dir()):
+            raise FileExistsError(f"{final} exists and is not a folder")
+        if final.is_dir() and any(final.iterdir()) and not self.replace:
+            raise FileExistsError(f"{final} exists and is not empty")
+
+    def publish(self) -> Path:
+        try:
+            fsync_tree(self.staging)
+            self._check_target()
+            if self.final.exists():
+                _swap_into_place(self.staging, self.final)  # self.staging now holds the old folder
+                fsync_dir(self.final.parent)
+                shutil.rmtree(self.staging, ignore_errors=True)
+            else:
+                os.rename(self.staging, self.final)
+                fsync_dir(self.final.parent)
+        except BaseException:
+            self.discard()
+            raise
+        return self.final
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def __enter__(self) -> StagedDirectory:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _swap_into_place(new: Path, final: Path) -> None:
+    """Exchange two folders in one step (Linux renameat2 RENAME_EXCHANGE): a crash at any point
+    leaves `final` either the old folder or the new one. Where the call is missing, two renames
+    (with a short window in which `final` is absent) are the fallback."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        result = renameat2(_AT_FDCWD, os.fsencode(new), _AT_FDCWD, os.fsencode(final), _RENAME_EXCHANGE)
+        if result == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(final))
+    retired = hidden_sibling(final, "retired")
+    os.rename(final, retired)
+    try:
+        os.rename(new, final)
+    except BaseException:
+        os.rename(retired, final)
+        raise
+    os.rename(retired, new)
+
+
+def publish_directory(final: Path, fill: Callable[[Path], None], *, replace: bool = False) -> Path:
+    """Stage a folder, let `fill(staging)` write into it, then publish it atomically."""
+    with StagedDirectory(final, replace=replace) as staged:
+        fill(staged.staging)
+        return staged.publish()
+
+
+def _unlink_quietly(path: Path | None) -> None:
+    if path is not None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def publish_together(files: list[tuple[Path, bytes]], *, mode: int = 0o644) -> None:
+    """Publish every (path, data) as one: all new files appear, or none of the old ones changed.
+
+    Each file goes to a hidden sibling first; the old content of each target is kept as a hidden
+    hard link (or copy) until every rename succeeded, so a failing rename rolls the earlier ones
+    back. Raises ArtifactError (the previous files left as they were) on an OS failure.
+    """
+    targets = [Path(os.path.abspath(path)) for path, _ in files]
+    temps: list[Path] = []
+    backups: list[Path | None] = []
+    replaced: list[tuple[Path, Path | None]] = []
+    try:
+        for target, (_, data) in zip(targets, files, strict=True):
+            temp = hidden_sibling(target, "tmp")
+            temps.append(temp)
+            _write_synced(temp, data, mode)
+        for target in targets:
+            backup = hidden_sibling(target, "bak") if os.path.lexists(target) else None
+            backups.append(backup)
+            if backup is not None:
+                try:
+                    os.link(target, backup)
+                except OSError:  # no hard links on this filesystem: keep a copy instead
+                    _write_synced(backup, target.read_bytes(), mode)
+        for target, temp, backup in zip(targets, temps, backups, strict=True):
+            os.replace(temp, target)
+            replaced.append((target, backup))
+    except BaseException as exc:
+        for target, backup in reversed(replaced):
+            try:
+                if backup is not None:
+                    os.replace(backup, target)
+                else:
+                    os.unlink(target)
+            except OSError:
+                pass
+        for path in [*temps, *backups]:
+            _unlink_quietly(path)
+        if not isinstance(exc, OSError):
+            raise
+        names = ", ".join(str(t) for t in targets)
+        raise ArtifactError(f"could not publish {names}: {exc}; the previous files were left as they were") from None
+    for backup in backups:
+        _unlink_quietly(backup)
+    for directory in {t.parent for t in targets}:
+        fsync_dir(directory)
+
+
+class HomeLayout:
+    """Every location under KILN_HOME, named once. Paths only: callers create what they write into."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    @property
+    def adapters(self) -> Path:
+        """The adapter registry: `<name>/` folders and their `<name>-checkpoint-step-N.kiln-checkpoint/`."""
+        return self.root / "adapters"
+
+    @property
+    def tiny_model(self) -> Path:
+        return self.root / "models" / "tiny"
+
+    @property
+    def training_snapshots(self) -> Path:
+        """Pinned, read-only copies of admitted training corpora."""
+        return self.root / "training" / "snapshots"
+
+    def failure_receipt(self, job_id: str) -> Path:
+        """Where a training job that failed after admission leaves its receipt."""
+        return self.root / "training" / "receipts" / f"{job_id}.train_receipt.json"
+
+    @property
+    def rollouts(self) -> Path:
+        return self.root / "rollouts"
+
+    def rollouts_job(self, job_id: str) -> Path:
+        """One folder per rollout-generation job: its pinned inputs and published outputs."""
+        return self.rollouts / str(job_id)
+
+    @property
+    def scorers(self) -> Path:
+        return self.root / "scorers"
+
+    @property
+    def datasets(self) -> Path:
+        return self.root / "datasets"
+
+    def run_artifacts(self, run_id: str) -> Path:
+        """Artifacts of one OpenEnv run."""
+        return self.root / "openenv" / "runs" / str(run_id)
+
+
+def ensure_dir(path: Path) -> Path:
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(path)
