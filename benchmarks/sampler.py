@@ -29,7 +29,7 @@ from gpu_runtime.provenance import build_rollout_provenance  # noqa: E402
 from gpu_runtime.sample_types import SampleRequest  # noqa: E402
 from gpu_runtime.sampler import Sampler  # noqa: E402
 from gpu_runtime.sampling import SamplingParams  # noqa: E402
-from gpu_runtime.tiny_model import create_tiny_model  # noqa: E402
+from gpu_runtime.tiny_release import install as install_tiny_model  # noqa: E402
 
 PROMPTS = [
     "What is 47 + 13? Reply with just the number.",
@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.model
         if model_dir is None:
             model_dir = Path(tmp) / "tiny"
-            print("building the tiny model ...", flush=True)
-            create_tiny_model(model_dir, seed=0)
+            install_tiny_model(model_dir)  # the shipped demo model, the same on every machine
         loaded = load_model(model_dir)
         sampler = Sampler(loaded)
         print(

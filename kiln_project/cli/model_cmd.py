@@ -1,4 +1,9 @@
-"""`kiln model create-tiny DIR [--seed N]`: build the small deterministic demo/test model (local)."""
+"""`kiln model create-tiny DIR [--rebuild] [--seed N]`: install the demo/test model (local).
+
+By default the shipped release is copied and verified byte for byte, so every machine serves the
+same model in seconds. `--rebuild` (implied by `--seed` or `--warm-steps`) runs the recipe
+instead, which takes minutes and gives bytes that depend on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,15 @@ from pathlib import Path
 def add_parser(subparsers) -> None:
     model = subparsers.add_parser("model", help="model utilities (local)")
     sub = model.add_subparsers(dest="model_command", required=True)
-    tiny = sub.add_parser("create-tiny", help="build a tiny Qwen3-architecture model with its own tokenizer")
+    tiny = sub.add_parser(
+        "create-tiny", help="install the tiny demo model (the shipped release, or --rebuild from its recipe)"
+    )
     tiny.add_argument("dir", type=Path, help="directory to create (must not hold another model)")
-    tiny.add_argument("--seed", type=int, default=0, help="the same seed gives the same files")
-    tiny.add_argument("--warm-steps", type=int, default=None, help="warm-up steps (default: the documented recipe)")
+    tiny.add_argument("--rebuild", action="store_true",
+                      help="build from the recipe instead of copying the release (minutes; CPU-dependent bytes)")
+    tiny.add_argument("--seed", type=int, default=None, help="recipe seed (implies --rebuild; default 0)")
+    tiny.add_argument("--warm-steps", type=int, default=None,
+                      help="recipe warm-up steps (implies --rebuild; default: the documented recipe)")
     tiny.add_argument("--force", action="store_true", help="replace an existing model in DIR")
     model.set_defaults(handler=run)
 
@@ -23,15 +33,42 @@ def run(args) -> int:
 
     target = args.dir.expanduser().resolve()
     if (target / "config.json").exists() and not args.force:
-        raise CliError("model_exists", f"{target} already holds a model", "pass --force to rebuild it")
-    if args.seed < 0:
+        raise CliError("model_exists", f"{target} already holds a model", "pass --force to replace it")
+    if target.exists() and not target.is_dir():
+        raise CliError("model_dir_invalid", f"{target} exists and is not a directory")
+    if args.seed is not None and args.seed < 0:
         raise CliError("invalid_seed", "--seed must be a non-negative integer")
-    from gpu_runtime.tiny_model import create_tiny_model  # torch: only this local command loads it
+    if args.warm_steps is not None and args.warm_steps < 0:
+        raise CliError("invalid_warm_steps", "--warm-steps must be a non-negative integer")
+    if args.rebuild or args.seed is not None or args.warm_steps is not None:
+        summary = _rebuild(target, args)
+    else:
+        from gpu_runtime.tiny_release import TinyReleaseError, install
 
-    kwargs = {"seed": args.seed, "overwrite": args.force}
+        try:
+            summary = install(target, replace=args.force)
+        except TinyReleaseError as exc:
+            raise CliError(exc.code, exc.message, "reinstall Kiln, or rebuild with --rebuild") from None
+        except FileExistsError as exc:
+            raise CliError("model_dir_not_empty", str(exc), "choose an empty directory or pass --force") from None
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    print(f"tiny model written to {target} ({summary['source']}, model digest {summary['model_sha256']})")
+    return 0
+
+
+def _rebuild(target: Path, args) -> dict:
+    from gpu_runtime.tiny_model import create_tiny_model  # torch: only this local command loads it
+    from gpu_runtime.tiny_release import make_manifest, read_manifest
+    from kiln_project.cli.client import CliError
+
+    kwargs = {"seed": args.seed or 0, "overwrite": args.force}
     if args.warm_steps is not None:
         kwargs["warm_steps"] = args.warm_steps
-    summary = create_tiny_model(target, **kwargs)
-    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
-    print(f"tiny model written to {target}")
-    return 0
+    try:
+        summary = create_tiny_model(target, **kwargs)
+    except FileExistsError as exc:
+        raise CliError("model_dir_not_empty", str(exc), "choose an empty directory or pass --force") from None
+    digest = make_manifest(target)["model_sha256"]
+    shipped = read_manifest()["model_sha256"]
+    summary.update(source="recipe", model_sha256=digest, matches_release=digest == shipped)
+    return summary

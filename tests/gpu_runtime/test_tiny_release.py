@@ -1,0 +1,71 @@
+"""The shipped demo model: `kiln model create-tiny` installs the same verified bytes on every machine."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_runtime import tiny_release
+from gpu_runtime.tiny_model import DEFAULT_WARM_STEPS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_release_matches_its_manifest_and_the_documented_digest():
+    manifest = tiny_release.verify()
+    assert manifest["recipe"]["seed"] == 0 and manifest["recipe"]["warm_steps"] == DEFAULT_WARM_STEPS
+    assert {entry["file"] for entry in manifest["files"]} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    documented = re.findall(r"sha256:[0-9a-f]{64}", (REPO / "docs" / "tiny-model.md").read_text())
+    assert manifest["model_sha256"] in documented, "docs/tiny-model.md names another demo model"
+    assert 0.10 <= manifest["recipe"]["held_out_accuracy"]["accuracy"] <= 0.90
+
+
+def test_install_copies_and_verifies_and_refuses_an_occupied_directory(tmp_path):
+    summary = tiny_release.install(tmp_path / "m")
+    assert summary["model_sha256"] == tiny_release.read_manifest()["model_sha256"]
+    assert summary["source"] == "release"
+    assert tiny_release.verify(tmp_path / "m")["model_sha256"] == summary["model_sha256"]
+    with pytest.raises(FileExistsError):
+        tiny_release.install(tmp_path / "m")
+    tiny_release.install(tmp_path / "m", replace=True)  # --force
+    assert [p.name for p in tmp_path.iterdir()] == ["m"], "no staging or retired folder is left behind"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "extra", "missing"])
+def test_a_damaged_release_is_refused_and_nothing_is_published(tmp_path, damage):
+    source = tmp_path / "release"
+    shutil.copytree(tiny_release.RELEASE_DIR, source)
+    weights = source / "model.safetensors"
+    if damage == "flip":
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 1
+        weights.write_bytes(bytes(data))
+    elif damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:-1])
+    elif damage == "extra":
+        (source / "surprise.bin").write_bytes(b"x")
+    else:
+        (source / "tokenizer.json").unlink()
+    with pytest.raises(tiny_release.TinyReleaseError) as caught:
+        tiny_release.install(tmp_path / "out", source=source)
+    assert caught.value.code == "tiny_model_corrupt"
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["release"]
+
+
+def test_cli_prints_the_documented_digest_and_refuses_an_existing_model(tmp_path):
+    cmd = [sys.executable, "-m", "kiln_project.cli.main", "model", "create-tiny", str(tmp_path / "m")]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    digest = tiny_release.read_manifest()["model_sha256"]
+    assert f"model digest {digest}" in done.stdout
+    printed = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
+    assert printed["model_sha256"] == digest and printed["source"] == "release"
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert again.returncode != 0 and "model_exists" in again.stderr and again.stderr.count("\n") == 1
