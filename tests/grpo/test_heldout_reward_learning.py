@@ -1,23 +1,34 @@
-"""GRPO raises the sampled reward on held-out prompts; the same run with inverted rewards does not.
+"""The sign of the reward drives GRPO's update, measured on held-out prompts: training on inverted
+rewards lowers held-out accuracy below the base model, and training on the real rewards does not.
 
-On the fully warmed tiny model (the real create-tiny recipe, about 0.7-0.85 exact-match accuracy on
-held-out sums at temperature 0.9, thinking off): sample groups of the model's own answers to
-TRAIN arithmetic prompts, score them by exact match (1/0), keep the groups with contrast, train
-one LoRA adapter with train_grpo, and sample the HELD-OUT prompts (operand pairs never seen in
-warm-up) again through the real Sampler with the adapter loaded. Every request carries its own
-seed, so before and after draw the same random numbers: an unchanged model scores exactly the same
-(a zero or vanishing gradient gives a delta of 0.0), and the delta measures the update, not noise.
+On the shipped demo model (what `kiln model create-tiny` installs: the same bytes on every
+machine; about 0.58 exact-match accuracy on these held-out sums at temperature 0.9, thinking
+off): sample groups of the model's own answers to TRAIN arithmetic prompts, score them by exact
+match (1/0), keep the groups with contrast, train one LoRA adapter on the real rewards and one on
+the inverted rewards with train_grpo, and sample the HELD-OUT prompts (operand pairs never seen in
+warm-up) again through the real Sampler with each adapter loaded. Every request carries its own
+seed, so before and after draw the same random numbers: the comparison is paired by prompt and
+seed, and an unchanged model scores exactly the same.
 
-Measured with exactly this test at SEED 1-7 (128 held-out prompts x 8 samples, 256 train
-prompts x 16, AdamW lr 3e-5, one pass over ~165-190 contrasting groups, torch 2.13 CPU, one
-thread): before 0.80-0.86; correct rewards +0.058 +0.010 +0.056 +0.024 +0.028 +0.047 +0.048;
-inverted -0.132 -0.133 -0.132 -0.118 -0.150 -0.213 -0.161. SEED 1 is fixed (+0.058, about six
-times MARGIN); the margin sits at the smallest gain seen across seeds (SEED 2, +0.0098, would
-miss it by 0.0002), so a platform whose floating point shifts the samples still clears it in
-most draws, while a zero gradient gives exactly 0.0 and a flipped one falls by >0.1. More steps
-or a larger learning rate make the correct run overshoot too (answers of recently trained groups
-leak into every answer: lr 1e-4 for two passes, or 2e-4 for one, ends below the base model), so
-the budget is deliberately small.
+The assertions are exact sign tests over the 256 held-out prompts (a prompt is better or worse by
+its number of correct answers out of 8; ties drop out):
+- inverted rewards lower accuracy: one-sided p(before > inverted) < ALPHA_INVERTED (0.01);
+- the real rewards do not lower it: one-sided p(grpo < before) >= ALPHA_HARM (0.01).
+A zero or reward-blind update fails the first; a sign-flipped one fails both.
+
+Measured with exactly this test at SEED 1-18 (torch 2.13 CPU, one thread; `docs/tiny-model.md`):
+p(before > inverted) at most 4.4e-4 (seed 10), typically 1e-8 to 1e-14; p(grpo < before) at least
+0.044 (seed 11). Every seed passed both assertions with room (the inverted test by 20x at its worst).
+A new SEED changes every sample and group, a far larger perturbation than another CPU's floating
+point on the same shipped bytes and seeds, so the per-machine false-failure rate of SEED 1 (p =
+1.8e-11 and 0.22 here) is well below the 1/18 these runs can resolve.
+
+Not asserted: that the real rewards *raise* accuracy. At this budget (AdamW lr 3e-5, one pass over
+~220-240 groups) the gain is +0.014 on average over the 18 seeds (from -0.015 to +0.035), and
+significant at 0.05 on only 9 of them, while a larger step collapses both runs (lr 1e-4: 0.15-0.54
+after the real rewards; lr 2e-4: near 0), so a gain assertion would fail on some machines for no
+fault of the trainer. `p(grpo > before)` and `p(grpo > inverted)` are printed for the record.
+(Issue 17 gives the demo task the headroom for a gain to show.)
 """
 
 from __future__ import annotations
@@ -30,11 +41,12 @@ import pytest
 from gpu_runtime.tiny_tasks import arithmetic_example, draw_arithmetic, held_out_arithmetic
 
 SEED = 1
-HELD_OUT_PROMPTS, HELD_OUT_SAMPLES = 128, 8
+HELD_OUT_PROMPTS, HELD_OUT_SAMPLES = 256, 8
 TRAIN_PROMPTS, GROUP_SIZE = 256, 16
 TEMPERATURE = 0.9
 LEARNING_RATE = 3e-5
-MARGIN = 0.01
+ALPHA_INVERTED = 0.01  # worst over seeds 1-18: 4.4e-4
+ALPHA_HARM = 0.01  # worst over seeds 1-18: 0.044
 NUMBER = re.compile(r"-?\d+")
 
 
@@ -70,14 +82,23 @@ def sample(sampler, examples, n: int, *, seed: int, adapter: str | None = None):
     return [results[i * n : (i + 1) * n] for i in range(len(examples))]
 
 
-def accuracy(sampler, examples, *, seed: int, adapter: str | None = None) -> float:
+def correct_counts(sampler, examples, *, seed: int, adapter: str | None = None) -> list[int]:
+    """Per held-out prompt, how many of its HELD_OUT_SAMPLES answers are right."""
     groups = sample(sampler, examples, HELD_OUT_SAMPLES, seed=seed, adapter=adapter)
-    scores = [exact_match(r.content, ex.answer) for ex, rs in zip(examples, groups, strict=True) for r in rs]
-    return sum(scores) / len(scores)
+    return [
+        int(sum(exact_match(r.content, ex.answer) for r in rs)) for ex, rs in zip(examples, groups, strict=True)
+    ]
+
+
+def paired(after: list[int], before: list[int]) -> tuple[int, int]:
+    """(prompts that got better, prompts that got worse) between two runs on the same prompts and seeds."""
+    wins = sum(1 for a, b in zip(after, before, strict=True) if a > b)
+    losses = sum(1 for a, b in zip(after, before, strict=True) if a < b)
+    return wins, losses
 
 
 def train(model_dir, groups, out, name: str):
-    from gpu_runtime.grpo.config import GrpoConfig
+    from core.contracts.grpo_config import GrpoConfig
     from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
 
     config = GrpoConfig.from_dict(
@@ -104,42 +125,58 @@ def train(model_dir, groups, out, name: str):
     return result.adapter_path
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.filterwarnings("ignore::FutureWarning")  # peft probes a deprecated transformers attribute
-def test_grpo_raises_held_out_reward_and_inverted_rewards_do_not(warm_model_dir, tmp_path, one_thread):
+def learning_round(model_dir, out, seed: int) -> dict:
+    """Sample, score, train a GRPO adapter and its inverted-reward twin; per-prompt held-out counts."""
     from gpu_runtime.model_loading import load_model
     from gpu_runtime.sampler import Sampler
 
     adapters: dict[str, object] = {}
-    sampler = Sampler(load_model(warm_model_dir, device="cpu"), adapters.get, max_batch_size=256)
-    held_out = held_out_arithmetic(HELD_OUT_PROMPTS, seed=SEED)
-    rng = random.Random(SEED)
+    sampler = Sampler(load_model(model_dir, device="cpu"), adapters.get, max_batch_size=256)
+    held_out = held_out_arithmetic(HELD_OUT_PROMPTS, seed=seed)
+    rng = random.Random(seed)
     train_examples = [arithmetic_example(*draw_arithmetic(rng, held_out=False)) for _ in range(TRAIN_PROMPTS)]
     assert not {ex.question for ex in train_examples} & {ex.question for ex in held_out}
 
-    before = accuracy(sampler, held_out, seed=SEED + 1)
+    counts = {"before": correct_counts(sampler, held_out, seed=seed + 1)}
     groups = []
-    for ex, results in zip(
-        train_examples, sample(sampler, train_examples, GROUP_SIZE, seed=SEED + 2), strict=True
-    ):
+    for ex, results in zip(train_examples, sample(sampler, train_examples, GROUP_SIZE, seed=seed + 2), strict=True):
         completions = [{"text": r.content, "reward": exact_match(r.content, ex.answer)} for r in results]
         if len({c["reward"] for c in completions}) > 1:  # all-equal groups carry no GRPO signal
-            groups.append(
-                {"messages": [{"role": "user", "content": ex.question}], "completions": completions}
-            )
-    # Precondition on the fixture, not on the trainer: the warmed model must be neither hopeless nor perfect.
-    assert 0.5 < before < 0.95 and len(groups) >= 100, (before, len(groups))
+            groups.append({"messages": [{"role": "user", "content": ex.question}], "completions": completions})
     inverted = [
         {**g, "completions": [dict(c, reward=1.0 - c["reward"]) for c in g["completions"]]} for g in groups
     ]
+    if len(groups) >= 100:  # else the fixture is off; the caller's precondition says so
+        for name, data in (("grpo", groups), ("inverted", inverted)):
+            adapters[name] = train(model_dir, data, out, name)
+            counts[name] = correct_counts(sampler, held_out, seed=seed + 1, adapter=name)
+    return {"groups": len(groups), "counts": counts}
 
-    after = {}
-    for name, data in (("grpo", groups), ("inverted", inverted)):
-        adapters[name] = train(warm_model_dir, data, tmp_path, name)
-        after[name] = accuracy(sampler, held_out, seed=SEED + 1, adapter=name)
-    delta = {name: value - before for name, value in after.items()}
-    print(f"held-out accuracy before {before:.4f}, after {after}, delta {delta}, groups {len(groups)}")
 
-    assert delta["grpo"] >= MARGIN
-    assert delta["inverted"] < 0
-    assert delta["grpo"] - delta["inverted"] >= 0.1  # smallest gap seen across seeds: 0.14
+@pytest.mark.timeout(900)
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # peft probes a deprecated transformers attribute
+def test_reward_sign_drives_held_out_accuracy(warm_model_dir, tmp_path, one_thread):
+    from evaluations.statistics import sign_test
+
+    result = learning_round(warm_model_dir, tmp_path, SEED)
+    counts, total = result["counts"], HELD_OUT_PROMPTS * HELD_OUT_SAMPLES
+    before = sum(counts["before"]) / total
+    # Preconditions on the fixture, not on the trainer: the demo model must be neither hopeless nor
+    # perfect, or the groups carry no contrast and nothing below says anything about GRPO.
+    assert 0.5 < before < 0.95 and result["groups"] >= 100, (
+        f"fixture off: base held-out accuracy {before:.3f}, {result['groups']} contrasting groups "
+        "(expected 0.5-0.95 and >= 100: is the model the shipped release?)"
+    )
+    tests = {
+        "grpo>before": paired(counts["grpo"], counts["before"]),
+        "before>inverted": paired(counts["before"], counts["inverted"]),
+        "grpo>inverted": paired(counts["grpo"], counts["inverted"]),
+    }
+    p = {name: sign_test(*wl, alternative="greater") for name, wl in tests.items()}
+    accuracy = {name: sum(c) / total for name, c in counts.items()}
+    print(f"held-out accuracy {accuracy}, groups {result['groups']}, (wins, losses) {tests}, p {p}")
+
+    # One-sided exact sign tests over the held-out prompts, paired by prompt and sampling seed.
+    assert p["before>inverted"] < ALPHA_INVERTED, (tests["before>inverted"], p["before>inverted"])
+    harm = sign_test(*tests["grpo>before"], alternative="less")
+    assert harm >= ALPHA_HARM, (tests["grpo>before"], harm)
