@@ -3,7 +3,7 @@
 from django.contrib import admin
 
 from adapters.models import Adapter
-from kiln_project.admin_base import ReadOnlyAdmin
+from core.admin_base import ReadOnlyAdmin
 
 
 @admin.register(Adapter)

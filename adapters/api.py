@@ -6,7 +6,7 @@ from ninja import Router
 
 from adapters import selectors
 from adapters.schemas import adapter_out
-from kiln_project.errors import KilnError
+from core.errors import KilnError
 
 router = Router(tags=["adapters"])
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from core.models import ReceiptKind
+from core.receipts import receipt_latest
+
 
 def adapter_out(adapter) -> dict:
+    receipt = receipt_latest(kind=ReceiptKind.TRAIN, subject=adapter.name)
     return {
         "name": adapter.name,
         "state": adapter.state,
@@ -15,4 +19,5 @@ def adapter_out(adapter) -> dict:
         "training_job_id": str(adapter.training_job.uuid) if adapter.training_job_id else None,
         "created_at": adapter.created_at,
         "published_at": adapter.published_at,
+        "receipt_sha256": receipt.sha256 if receipt else None,  # the receipt row; the file hashes the same
     }

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from adapters.models import Adapter, AdapterState
 from core.artifacts import ensure_dir
-from kiln_project.errors import KilnError
+from core.errors import KilnError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

@@ -112,7 +112,7 @@ def check_sampler(model_dir: Path, device: torch.device, dtype: torch.dtype) -> 
 
 
 def check_training(model_dir: Path, device_name: str, groups: list[dict]) -> dict:
-    from gpu_runtime.grpo.config import GrpoConfig
+    from core.contracts.grpo_config import GrpoConfig
     from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
 
     config = GrpoConfig.from_dict(

@@ -64,7 +64,7 @@ def sample_round(sampler, seed: int) -> tuple[list, float]:
 
 def scored_groups(results: list) -> list[dict]:
     """GRPO groups (one per prompt) of `sample_round`'s results, with rewards and provenance."""
-    from gpu_runtime.provenance import build_rollout_provenance
+    from core.contracts.provenance import build_rollout_provenance
 
     groups = []
     for p, prompt in enumerate(PROMPTS):
@@ -100,7 +100,7 @@ def build_tiny_model(parent: Path, warm_steps: int) -> Path:
 def run_kiln(model_dir: Path, rounds: int, device: str, behavior_policy: str) -> dict:
     import torch
 
-    from gpu_runtime.grpo.config import GrpoConfig
+    from core.contracts.grpo_config import GrpoConfig
     from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
     from gpu_runtime.model_loading import load_model
     from gpu_runtime.sampler import Sampler

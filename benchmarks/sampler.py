@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.contracts.provenance import build_rollout_provenance  # noqa: E402
 from gpu_runtime.model_loading import load_model  # noqa: E402
-from gpu_runtime.provenance import build_rollout_provenance  # noqa: E402
 from gpu_runtime.sample_types import SampleRequest  # noqa: E402
 from gpu_runtime.sampler import Sampler  # noqa: E402
 from gpu_runtime.sampling import SamplingParams  # noqa: E402

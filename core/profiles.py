@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from kiln_project.errors import KilnError
+from core.errors import KilnError
 
 # What each profile refuses. stable admits everything; maintenance drains inference and evaluation;
 # experimental is for backend qualification and admits everything too.

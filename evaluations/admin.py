@@ -2,8 +2,8 @@
 
 from django.contrib import admin
 
+from core.admin_base import ReadOnlyAdmin
 from evaluations.models import Scorer
-from kiln_project.admin_base import ReadOnlyAdmin
 
 
 @admin.register(Scorer)

@@ -17,8 +17,8 @@ from django.db import IntegrityError, transaction
 
 from core.artifacts import ensure_dir, write_file
 from core.canonical import sha256_digest
+from core.errors import KilnError
 from evaluations.models import Scorer
-from kiln_project.errors import KilnError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FILENAME_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")  # the sandbox keeps names of [A-Za-z0-9._+-] only

@@ -4,7 +4,7 @@ A SampleRequest carries chat messages (rendered through the model's chat templat
 prompt token ids, the sampling controls, an optional adapter name and seed, and the thinking
 switches. A SampleResult carries every token with its behaviour log-prob and source, the decoded
 text split into reasoning and content, usage, timing, and the identities a
-kiln.rollout-provenance.v1 record needs (see gpu_runtime.provenance).
+kiln.rollout-provenance.v1 record needs (see core.contracts.provenance).
 """
 
 from __future__ import annotations

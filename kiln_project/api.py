@@ -13,8 +13,8 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
-from kiln_project.accounts.auth import api_auth
-from kiln_project.errors import KilnError, error_envelope
+from core.accounts.auth import api_auth
+from core.errors import KilnError, error_envelope
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,8 @@ def _internal(request, exc):
 
 def _register_routers() -> None:
     from adapters.api import router as adapters_router
-    from kiln_project.inference.api import router as inference_router
-    from kiln_project.jobs.api import router as jobs_router
+    from adapters.serving.api import router as inference_router
+    from core.jobs.api import router as jobs_router
     from kiln_project.system_api import router as system_router
     from training.api import router as training_router
 

@@ -58,7 +58,7 @@ def check_model_files(model_path: Path | None) -> dict:
 
 
 def check_workers() -> dict:
-    from kiln_project.jobs.selectors import workers_alive
+    from core.jobs.selectors import workers_alive
 
     try:
         alive = workers_alive()

@@ -6,7 +6,7 @@ import json
 
 from django.http import JsonResponse
 
-from kiln_project.errors import error_envelope
+from core.errors import error_envelope
 
 _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
           405: "method_not_allowed", 413: "request_too_large", 500: "internal_error"}

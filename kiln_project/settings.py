@@ -45,9 +45,10 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "django_dramatiq",
-    "kiln_project.accounts",
-    "kiln_project.jobs",
-    "kiln_project.inference",
+    "core",
+    "core.accounts",
+    "core.jobs",
+    "adapters.serving",
     "kiln_project.ui",
     "adapters",
     "training",
@@ -116,7 +117,7 @@ DRAMATIQ_BROKER = {
         "dramatiq.middleware.Pipelines",
         "dramatiq.middleware.Retries",
         "django_dramatiq.middleware.DbConnectionsMiddleware",
-        "kiln_project.jobs.worker_middleware.KilnWorkerMiddleware",
+        "kiln_project.worker_middleware.KilnWorkerMiddleware",
     ],
 }
 DRAMATIQ_RESULT_BACKEND = {

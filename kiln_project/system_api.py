@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from ninja import Router
 
-from kiln_project.jobs.kinds import registered_kinds
+from core.jobs.kinds import registered_kinds
 
 router = Router(tags=["system"])
 

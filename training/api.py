@@ -9,10 +9,10 @@ import json
 
 from ninja import Router
 
-from kiln_project.accounts.auth import require_permission
-from kiln_project.errors import KilnError
-from kiln_project.jobs import services as job_services
-from kiln_project.jobs.models import TERMINAL_STATES
+from core.accounts.auth import require_permission
+from core.errors import KilnError
+from core.jobs import services as job_services
+from core.jobs.models import TERMINAL_STATES
 from training import selectors
 from training.services import grpo_submit
 

@@ -6,14 +6,16 @@ class TrainingConfig(AppConfig):
     verbose_name = "Training"
 
     def ready(self):
-        from kiln_project.jobs.kinds import JobKind, register_job_kind
+        from core.jobs.kinds import JobKind, register_job_kind
 
         # The handler runs in the GPU worker; naming it by path keeps torch out of the web process.
         register_job_kind(JobKind(name="training.grpo", queue="gpu", handler="training.runner:run_grpo_job",
                                   category="training", queue_full_code="training_queue_full",
                                   queue_full_retry_after=30,
-                                  on_unsuccessful="training.hooks:release_output_adapter"))
+                                  on_unsuccessful="training.hooks:release_output_adapter",
+                                  detail_section="training.fragments:job_section"))
         # Recorded-policy rollout generation (Training → Rollouts): CPU-side in the control worker; it
         # samples through the infer queue and runs the registered scorer in the sandbox.
         register_job_kind(JobKind(name="rollouts.generate", queue="control",
-                                  handler="training.rollout_jobs:run_rollouts_job", category="training"))
+                                  handler="training.rollout_jobs:run_rollouts_job", category="training",
+                                  detail_section="training.rollout_selectors:job_section"))

@@ -10,9 +10,11 @@ Web-facing: never imports torch, transformers, peft, gpu_runtime or training.ser
 from __future__ import annotations
 
 from django.template.loader import render_to_string
+from django.urls import reverse
 
 from adapters import selectors as adapter_selectors
-from kiln_project.ui.sparkline import sparkline
+from core.jobs.kinds import JobSection
+from core.sparkline import sparkline
 from training import selectors
 
 QUEUE = "ui/training/queue.html"
@@ -44,6 +46,12 @@ def is_training_job(job) -> bool:
 def metrics_without_histories(job) -> dict:
     """A training job's scalar metrics: its histories are drawn as curves, not dumped as JSON."""
     return {name: value for name, value in (job.metrics or {}).items() if name not in HISTORY_KEYS}
+
+
+def job_section(job) -> JobSection:
+    """The GRPO part of a training job's page (JobKind.detail_section of training.grpo)."""
+    return JobSection("ui/training/job_section.html", {"training": training_section(job)},
+                      metrics=metrics_without_histories(job), links=(("GRPO training", reverse("ui:training_grpo")),))
 
 
 def _detail(job) -> tuple[dict, str]:

@@ -10,13 +10,13 @@ token replay, decoding) before training starts.
 
 from __future__ import annotations
 
-from gpu_runtime.provenance import (
+from core.contracts.provenance import (
     ProvenanceError,
     prompt_messages_sha256,
     scored_payload_sha256,
     validate_rollout_provenance,
 )
-from kiln_project.errors import KilnError
+from core.errors import KilnError
 
 
 def _drift(group: int, completion: int, drift: str, message: str, code: str = "recorded_provenance_drift"):

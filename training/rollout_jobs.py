@@ -5,7 +5,7 @@ The same pure pipeline as the CLI (kiln_project/cli/rollout_cmd.py), with the sa
 validated against its request and its kiln.rollout-provenance.v1 record), `check_consistency`,
 `build_groups`/`corpus_bytes`/`build_summary`, and `publish_together`. Only the wiring differs:
 
-- transport: `kiln_project.inference.sync_client.chat_completion_sync` (the `infer` actor and its
+- transport: `adapters.serving.sync_client.chat_completion_sync` (the `infer` actor and its
   Redis event list; no HTTP, so the job needs no server URL);
 - scorer: the registered scorer (evaluations registry; its sha256 re-checked) through
   `evaluations.sandbox.run_scorer`, always sandboxed;
@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from core.canonical import sha256_digest
-from kiln_project.errors import KilnError
+from core.errors import KilnError
 from training.rollout_selectors import ROLLOUTS_FILE, SUMMARY_FILE, rollouts_job_dir
 from training.rollouts.corpus import build_groups, build_summary, corpus_bytes
 from training.rollouts.errors import RolloutError
@@ -74,7 +74,7 @@ def _registered_scorer(entry: dict) -> Path:
 
 
 def _wait_for_model(ctx) -> None:
-    from kiln_project.inference.selectors import require_inference_ready
+    from adapters.serving.selectors import require_inference_ready
 
     deadline = time.monotonic() + MODEL_WAIT_S
     reported = False
@@ -109,7 +109,7 @@ class _Wiring:
     def post(self, body: dict) -> dict:
         from django.db import connections
 
-        from kiln_project.inference.sync_client import chat_completion_sync
+        from adapters.serving.sync_client import chat_completion_sync
 
         if self.stopped.is_set():
             raise RolloutError("job_cancelled", "the job was asked to stop")
@@ -135,7 +135,7 @@ class _Wiring:
         """Called on the job's own thread after each scored request."""
         if self.ctx.should_stop():
             self.stopped.set()
-            from kiln_project.jobs.runner import JobCancelled
+            from core.jobs.runner import JobCancelled
 
             raise JobCancelled()
         now = time.monotonic()
@@ -156,7 +156,7 @@ def _run_info(ctx, payload: dict, options: RenderOptions, seeds: list[int], scor
     return {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "job": {"id": ctx.job_id, "kind": "rollouts.generate", "route": payload.get("route", "")},
-        "transport": "in-cluster: the infer queue (kiln_project.inference.sync_client)",
+        "transport": "in-cluster: the infer queue (adapters.serving.sync_client)",
         "adapter": "base" if options.is_base else options.adapter,
         "thinking": {"enabled": options.thinking, "budget_tokens": options.thinking_budget_tokens},
         "seeds": {"start": seeds[0], "count": len(seeds), "last": seeds[-1]},
@@ -226,7 +226,7 @@ def run_rollouts_job(ctx) -> dict:
         publish_together([(output, data), (summary_path, summary_bytes)])
     except RolloutError as exc:
         if ctx.should_stop():
-            from kiln_project.jobs.runner import JobCancelled
+            from core.jobs.runner import JobCancelled
 
             raise JobCancelled() from None
         raise _error(exc) from None

@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.conf import settings
+from django.urls import reverse
 
-from kiln_project.jobs.models import Job, JobState
+from core.jobs.kinds import JobSection
+from core.jobs.models import Job, JobState
 
 ROLLOUTS_KIND = "rollouts.generate"
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -73,6 +75,14 @@ def training_runs_from(*, rollouts_path: str):
         return []
     return list(Job.objects.filter(kind="training.grpo", payload__training_data__path=rollouts_path)
                 .order_by("-id")[:10])
+
+
+def job_section(job) -> JobSection:
+    """The rollouts part of a generation job's page (JobKind.detail_section of rollouts.generate)."""
+    return JobSection("ui/training/rollouts_section.html", {"rollouts": rollouts_section(job)},
+                      page_template="ui/training/rollouts_train.html",
+                      update_template="ui/training/rollouts_train.html#train_button",
+                      links=(("Rollouts", reverse("ui:training_rollouts")),))
 
 
 def rollouts_section(job) -> dict:

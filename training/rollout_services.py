@@ -9,7 +9,7 @@ the control queue (training/rollout_jobs.py runs it). A refusal leaves nothing b
 `rollouts_train_submit` turns a completed generation job into a recorded-policy GRPO submission
 (`training.services.grpo_submit` decides everything about it).
 
-Imports no torch. Web modules reach `gpu_runtime.provenance` (pure) through
+Imports no torch. Web modules reach `core.contracts.provenance` (pure) through
 `training.rollouts.validation`.
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 from adapters.selectors import adapter_published_path
 from core.artifacts import write_file
 from core.canonical import sha256_digest
+from core.errors import KilnError
+from core.jobs.models import JobState
+from core.jobs.services import job_submit
 from evaluations.selectors import scorer_get
-from kiln_project.errors import KilnError
-from kiln_project.jobs.models import JobState
-from kiln_project.jobs.services import job_submit
 from training.rollout_selectors import (
     ROLLOUTS_FILE,
     ROLLOUTS_KIND,

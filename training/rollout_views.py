@@ -4,7 +4,7 @@ download a run's files, and train on them with one click.
 The views only move form fields and uploads into the services (training.rollout_services,
 evaluations.services) and render what the selectors read; a KilnError is shown next to the field
 it names and nothing is queued or stored. Web-facing: never imports torch, transformers, peft or
-gpu_runtime (the services reach the pure `gpu_runtime.provenance` through `training.rollouts`).
+gpu_runtime (the services reach the pure `core.contracts.provenance` through `training.rollouts`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from django.views.decorators.http import require_GET, require_POST
 
 from adapters.models import AdapterState
 from adapters.selectors import adapter_list
+from core.errors import KilnError
+from core.jobs import fragments
+from core.jobs.selectors import job_get
 from evaluations.selectors import scorer_list
 from evaluations.services import scorer_register
-from kiln_project.errors import KilnError
-from kiln_project.jobs.selectors import job_get
-from kiln_project.ui import fragments
 from training import rollout_selectors
 from training.rollout_services import (
     MAX_CONCURRENCY,

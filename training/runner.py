@@ -12,11 +12,14 @@ import math
 from pathlib import Path
 
 from django.conf import settings
+from django.db import transaction
 
 from adapters.selectors import adapter_published_path
 from adapters.services import adapter_publish, adapters_root
-from kiln_project.errors import KilnError
-from kiln_project.jobs.runner import JobCancelled
+from core.errors import KilnError
+from core.jobs.runner import JobCancelled
+from core.models import ReceiptKind
+from core.receipts import receipt_record
 
 HISTORY_KEYS = {"loss": "loss_history", "reward_mean": "reward_history", "kl_mean": "kl_history"}
 
@@ -46,8 +49,17 @@ class ProgressRecorder:
         self.ctx.report_progress(figures.get("progress", 0.0), message, metrics=self.metrics)
 
 
+def _record_failure_receipt(path: Path, name: str, job_id) -> None:
+    """The receipt a failed run left on disk, as a row too (the file stays the portable copy)."""
+    try:
+        body = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return  # failed before the trainer wrote one
+    receipt_record(kind=ReceiptKind.TRAIN_FAILURE, subject=name, body=body, job_id=job_id)
+
+
 def run_grpo_job(ctx) -> dict:
-    from gpu_runtime.grpo.config import GrpoConfig
+    from core.contracts.grpo_config import GrpoConfig
     from gpu_runtime.grpo.errors import TrainingError
     from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
     from gpu_runtime.writer_lock import gpu_writer
@@ -77,6 +89,7 @@ def run_grpo_job(ctx) -> dict:
     try:
         result = train_grpo(request, on_progress=recorder, should_stop=ctx.should_stop, gpu_writer=gpu_writer)
     except TrainingError as exc:
+        _record_failure_receipt(request.failure_receipt_path, name, ctx.job_id)
         raise KilnError(exc.code, exc.message, hint=exc.hint or "") from None
     checkpoints = [str(p) for p in result.checkpoints]
     summary = {"adapter_name": name, "receipt_path": str(result.receipt_path), "checkpoints": checkpoints,
@@ -91,11 +104,13 @@ def run_grpo_job(ctx) -> dict:
     smoke_passed = bool((receipt.get("adapter_smoke_test") or {}).get("passed", True))
     content_digest = manifest_digest(file_manifest(result.adapter_path, adapter_files(result.adapter_path)))
     gate_pending = bool(payload.get("post_eval") and payload["post_eval"].get("min_accuracy") is not None)
-    adapter = adapter_publish(
-        name=name, path=result.adapter_path,
-        content_sha256=content_digest,
-        base_model_sha256=(receipt.get("model") or {}).get("base_model_sha256", ""),
-        loaded=bool(config.auto_load and smoke_passed and not gate_pending),
-    )
+    with transaction.atomic():  # the adapter row and its receipt row appear together
+        adapter = adapter_publish(
+            name=name, path=result.adapter_path,
+            content_sha256=content_digest,
+            base_model_sha256=(receipt.get("model") or {}).get("base_model_sha256", ""),
+            loaded=bool(config.auto_load and smoke_passed and not gate_pending),
+        )
+        receipt_record(kind=ReceiptKind.TRAIN, subject=name, body=receipt, job_id=ctx.job_id)
     return {**summary, "adapter_path": str(result.adapter_path), "loaded": adapter.loaded,
             "linked_eval_job_ids": []}

@@ -8,7 +8,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from adapters.models import Adapter
-from kiln_project.jobs.models import Job, JobState
+from core.jobs.models import Job, JobState
 
 TRAINING_KINDS = ("training.grpo",)
 
@@ -18,7 +18,7 @@ def training_jobs():
 
 
 def training_job_get(*, job_id: str) -> Job | None:
-    from kiln_project.jobs.selectors import job_get
+    from core.jobs.selectors import job_get
 
     job = job_get(job_id=job_id)
     return job if job is not None and job.kind in TRAINING_KINDS else None

@@ -2,7 +2,7 @@
 
 Nothing is queued until the whole corpus validated; the snapshot is written (read-only) before the
 job row exists, and a refusal after that removes it again, so a failed submission leaves nothing.
-The request contract (GrpoConfig) is the torch-free `gpu_runtime.grpo.config`/`submission` pair.
+The request contract (GrpoConfig) is the torch-free `core.contracts.grpo_config`/`submission` pair.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from django.db import transaction
 from adapters.selectors import adapter_published_path
 from adapters.services import adapter_reserve, validate_adapter_name
 from core.artifacts import ensure_dir, write_file
-from gpu_runtime.grpo.config import resolve_effective_seed
-from gpu_runtime.grpo.config_values import GrpoConfigError
-from gpu_runtime.grpo.submission import GrpoSubmission
-from kiln_project.errors import KilnError
-from kiln_project.jobs.services import job_submit
+from core.contracts.grpo_config import resolve_effective_seed
+from core.contracts.grpo_submission import GrpoSubmission
+from core.contracts.grpo_values import GrpoConfigError
+from core.errors import KilnError
+from core.jobs.services import job_submit
 from training.groups import MAX_CORPUS_BYTES, AdmittedCorpus, GroupError, admit_groups, admit_jsonl
 
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
@@ -91,7 +91,7 @@ def _parse_submission(body: dict) -> GrpoSubmission:
 
 def _check_recorded(corpus: AdmittedCorpus, base_adapter_name: str | None) -> None:
     from adapters.selectors import adapter_get
-    from kiln_project.inference.selectors import served_model_identity
+    from adapters.serving.selectors import served_model_identity
     from training.recorded_admission import check_recorded_corpus
 
     base = None

@@ -3,7 +3,7 @@
 The view only turns the HTML form into the request body that POST /v1/train/grpo takes (an uploaded
 JSONL file becomes `groups`, the advanced JSON is merged into `config`) and hands it to
 training.services.grpo_submit, which decides everything; a KilnError is shown next to the field it
-names, and nothing is queued. Reads go through selectors (kiln_project/ui/training_fragments.py).
+names, and nothing is queued. Reads go through selectors (training/fragments.py).
 Web-facing: never imports torch, transformers, peft or gpu_runtime (only training.services does,
 for the torch-free request contract).
 """
@@ -17,8 +17,8 @@ from django.shortcuts import redirect, render
 
 from adapters.models import AdapterState
 from adapters.selectors import adapter_list
-from kiln_project.errors import KilnError
-from kiln_project.ui import training_fragments
+from core.errors import KilnError
+from training import fragments as training_fragments
 from training.groups import MAX_CORPUS_BYTES
 from training.services import grpo_submit
 

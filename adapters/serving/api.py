@@ -13,12 +13,12 @@ from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 from ninja import Router
 
-from kiln_project.errors import KilnError
-from kiln_project.inference import selectors
-from kiln_project.inference.limits import check_caps, error_from_event
-from kiln_project.inference.schemas import ChatCompletionRequest
-from kiln_project.inference.transport import read_events
-from kiln_project.profiles import require_profile_allows
+from adapters.serving import selectors
+from adapters.serving.limits import check_caps, error_from_event
+from adapters.serving.schemas import ChatCompletionRequest
+from adapters.serving.transport import read_events
+from core.errors import KilnError
+from core.profiles import require_profile_allows
 
 router = Router(tags=["inference"])
 
@@ -31,7 +31,7 @@ async def _start(body: ChatCompletionRequest) -> str:
     check_caps(body)
     await sync_to_async(selectors.require_inference_ready)()
     request_id = uuid.uuid4().hex
-    from kiln_project.inference.tasks import run_chat_completion
+    from adapters.serving.tasks import run_chat_completion
 
     await sync_to_async(run_chat_completion.send)(request_id, body.model_dump(mode="json"))
     return request_id

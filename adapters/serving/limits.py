@@ -3,8 +3,8 @@ the request caps, and how a worker's error event becomes a KilnError."""
 
 from __future__ import annotations
 
-from kiln_project.errors import KilnError
-from kiln_project.inference.schemas import MAX_N, MAX_TOKENS_CAP, ChatCompletionRequest
+from adapters.serving.schemas import MAX_N, MAX_TOKENS_CAP, ChatCompletionRequest
+from core.errors import KilnError
 
 
 def check_caps(body: ChatCompletionRequest) -> None:

@@ -15,8 +15,8 @@ import uuid
 
 from django.conf import settings
 
-from kiln_project.errors import KilnError
-from kiln_project.jobs.worker_state import beat, set_worker_status
+from core.errors import KilnError
+from core.jobs.worker_state import beat, set_worker_status
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def _sample_requests(body, *, seed_base: int | None):
 
 
 def _choice(index: int, result, *, messages, with_provenance: bool) -> dict:
-    from gpu_runtime.provenance import build_rollout_provenance
+    from core.contracts.provenance import build_rollout_provenance
 
     message = {"role": "assistant", "content": result.content}
     if result.reasoning_content is not None:
@@ -146,8 +146,8 @@ def chat_completion(body, *, emit=None) -> dict:
     """Run one validated ChatCompletionRequest to an OpenAI chat.completion object.
 
     With `emit` (streaming), the text is relayed token by token as it is sampled."""
+    from adapters.serving.streaming import StreamRelay
     from gpu_runtime.sample_types import SampleRequestError
-    from kiln_project.inference.streaming import StreamRelay
 
     host = start_model_host()
     host.wait_ready()
@@ -200,7 +200,7 @@ def _final_chunks(response: dict) -> list[dict]:
 
 def handle_chat_completion(raw_body: dict, emit) -> None:
     """The `infer` actor's work: always ends with exactly one `done` or `error` event."""
-    from kiln_project.inference.schemas import ChatCompletionRequest
+    from adapters.serving.schemas import ChatCompletionRequest
 
     try:
         body = ChatCompletionRequest.model_validate(raw_body)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from kiln_project.errors import KilnError
-from kiln_project.jobs.selectors import workers_alive
+from core.errors import KilnError
+from core.jobs.selectors import workers_alive
 
 
 def _inference_workers():

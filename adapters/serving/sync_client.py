@@ -21,10 +21,10 @@ import uuid
 
 from pydantic import ValidationError
 
-from kiln_project.errors import KilnError
-from kiln_project.inference.limits import check_caps, error_from_event
-from kiln_project.inference.schemas import ChatCompletionRequest
-from kiln_project.inference.transport import events_key
+from adapters.serving.limits import check_caps, error_from_event
+from adapters.serving.schemas import ChatCompletionRequest
+from adapters.serving.transport import events_key
+from core.errors import KilnError
 
 FIRST_EVENT_TIMEOUT = 300.0  # as the API: a busy GPU worker may finish a training group first
 IDLE_TIMEOUT = 120.0
@@ -37,7 +37,7 @@ def _redis():
     """One sync client (and connection pool) per Redis URL for the process."""
     import redis
 
-    from kiln_project.inference.transport import _redis_url
+    from adapters.serving.transport import _redis_url
 
     url = _redis_url()
     with _clients_lock:
@@ -74,8 +74,8 @@ def chat_completion_sync(body: dict, timeout: float = 900.0) -> dict:
     `timeout` bounds the whole call (queueing included); within it the worker must answer within
     FIRST_EVENT_TIMEOUT and then go no longer than IDLE_TIMEOUT between events.
     """
-    from kiln_project.inference.selectors import require_inference_ready
-    from kiln_project.profiles import require_profile_allows
+    from adapters.serving.selectors import require_inference_ready
+    from core.profiles import require_profile_allows
 
     require_profile_allows("inference")
     parsed = validate_body(body)
@@ -83,7 +83,7 @@ def chat_completion_sync(body: dict, timeout: float = 900.0) -> dict:
     if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
 
-    from kiln_project.inference.tasks import run_chat_completion
+    from adapters.serving.tasks import run_chat_completion
 
     client = _redis()
     request_id = uuid.uuid4().hex

@@ -10,13 +10,13 @@ from importlib import import_module
 
 import dramatiq
 
-WORKER_HANDLER = "kiln_project.inference.runtime_host"
+WORKER_HANDLER = "adapters.serving.runtime_host"
 
 INFER_TIME_LIMIT_MS = 15 * 60 * 1000
 
 
 @dramatiq.actor(queue_name="infer", max_retries=0, time_limit=INFER_TIME_LIMIT_MS)
 def run_chat_completion(request_id: str, body: dict) -> None:
-    from kiln_project.inference.transport import WorkerEmitter
+    from adapters.serving.transport import WorkerEmitter
 
     import_module(WORKER_HANDLER).handle_chat_completion(body, WorkerEmitter(request_id).emit)

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from kiln_project.accounts.models import ApiToken
+from core.accounts.models import ApiToken
 
 
 @admin.register(ApiToken)

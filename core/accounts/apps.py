@@ -2,6 +2,6 @@ from django.apps import AppConfig
 
 
 class AccountsConfig(AppConfig):
-    name = "kiln_project.accounts"
+    name = "core.accounts"
     label = "accounts"
     verbose_name = "Accounts and API tokens"

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from ninja.utils import check_csrf
 
-from kiln_project.errors import KilnError
+from core.errors import KilnError
 
 
 def _is_loopback(request) -> bool:
@@ -36,7 +36,7 @@ def api_auth(request):
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             return None
-        from kiln_project.accounts.services import token_authenticate
+        from core.accounts.services import token_authenticate
 
         user = token_authenticate(secret=secret.strip())
         if user is not None:

@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from kiln_project.accounts.models import ApiToken
-from kiln_project.errors import KilnError
+from core.accounts.models import ApiToken
+from core.errors import KilnError
 
 TOKEN_PREFIX = "kiln_"
 

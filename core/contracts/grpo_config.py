@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_runtime.grpo.config_values import (
+from core.contracts.grpo_values import (
     GRPO_DEFAULT_LEARNING_RATE,
     LEARNING_RATE_BAND,
     EchoConfig,

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_runtime.grpo.config import GrpoConfig
-from gpu_runtime.grpo.config_values import GrpoConfigError, check_bool, check_choice, check_mapping
+from core.contracts.grpo_config import GrpoConfig
+from core.contracts.grpo_values import GrpoConfigError, check_bool, check_choice, check_mapping
 
 DATA_SCOPES = ("held-out", "train-set-eval")
 DRY_RUN_MODE = "jsonl_grpo_groups_dry_run"

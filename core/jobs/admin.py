@@ -2,8 +2,8 @@
 
 from django.contrib import admin
 
-from kiln_project.admin_base import ReadOnlyAdmin
-from kiln_project.jobs.models import Job, JobEvent, WorkerHeartbeat
+from core.admin_base import ReadOnlyAdmin
+from core.jobs.models import Job, JobEvent, WorkerHeartbeat
 
 
 class JobEventInline(admin.TabularInline):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from ninja import Router
 
-from kiln_project.accounts.auth import require_permission
-from kiln_project.errors import KilnError
-from kiln_project.jobs import selectors, services
-from kiln_project.jobs.models import JobState
-from kiln_project.jobs.schemas import JobDetailOut, JobOut, job_out
+from core.accounts.auth import require_permission
+from core.errors import KilnError
+from core.jobs import selectors, services
+from core.jobs.models import JobState
+from core.jobs.schemas import JobDetailOut, JobOut, job_out
 
 router = Router(tags=["jobs"])
 

@@ -2,13 +2,13 @@ from django.apps import AppConfig
 
 
 class JobsConfig(AppConfig):
-    name = "kiln_project.jobs"
+    name = "core.jobs"
     label = "jobs"
     verbose_name = "Jobs"
 
     def ready(self):
         from django.conf import settings
 
-        from kiln_project.jobs.kinds import import_extra_job_modules
+        from core.jobs.kinds import import_extra_job_modules
 
         import_extra_job_modules(settings.KILN.extra_job_modules)

@@ -8,7 +8,7 @@ log = logging.getLogger(__name__)
 
 
 def wake_queue(queue: str) -> None:
-    from kiln_project.jobs.tasks import WAKE_ACTORS
+    from core.jobs.tasks import WAKE_ACTORS
 
     try:
         WAKE_ACTORS[queue].send()

@@ -2,17 +2,15 @@
 
 Pages include the partials of templates/ui/jobs/table.html and detail.html; the consumers render
 the same partials with hx-swap-oob set so htmx's ws extension swaps them in place. Reads go
-through kiln_project.jobs.selectors only. Web-facing: never imports torch or gpu_runtime.
+through core.jobs.selectors only. Web-facing: never imports torch or gpu_runtime.
 """
 
 from __future__ import annotations
 
 from django.template.loader import render_to_string
 
-from kiln_project.jobs import selectors
-from kiln_project.jobs.kinds import get_job_kind
-from kiln_project.ui import training_fragments
-from training import rollout_selectors
+from core.jobs import selectors
+from core.jobs.kinds import get_job_kind
 
 TABLE = "ui/jobs/table.html"
 DETAIL = "ui/jobs/detail.html"
@@ -40,17 +38,23 @@ def job_in_category(job, category: str | None) -> bool:
 
 
 def job_detail_context(job) -> dict:
-    """Everything the live part of the job page shows (plus its training section for GRPO jobs, and
-    its rollouts section for rollout generation jobs)."""
-    training = training_fragments.is_training_job(job)
-    return {
+    """Everything the live part of the job page shows, plus the section its kind declares."""
+    kind = get_job_kind(job.kind)
+    section = kind.section(job) if kind is not None else None
+    context = {
         "job": job,
         "events": selectors.job_events(job=job),
         "queue_position": selectors.job_queue_position(job=job),
-        "metrics": training_fragments.metrics_without_histories(job) if training else (job.metrics or {}),
-        "training": training_fragments.training_section(job) if training else None,
-        "rollouts": rollout_selectors.rollouts_section(job) if rollout_selectors.is_rollouts_job(job) else None,
+        "metrics": job.metrics or {},
+        "section_template": None,
     }
+    if section is not None:
+        context.update(section.context, section_template=section.template,
+                       section_page_template=section.page_template,
+                       section_update_template=section.update_template, section_links=section.links)
+        if section.metrics is not None:
+            context["metrics"] = section.metrics
+    return context
 
 
 def table_context(jobs, *, category: str | None = None, limit: int = DEFAULT_LIMIT) -> dict:

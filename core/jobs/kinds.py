@@ -26,6 +26,9 @@ class JobKind:
     # Optional "module:function" called with the job after it ends failed or cancelled (in whichever
     # process ended it), e.g. to release resources a queued job had reserved. Must not import torch.
     on_unsuccessful: str = ""
+    # Optional "module:function" taking the job and returning a JobSection (or None): the kind's own
+    # part of the job page, rendered by the generic page and its live consumer alike.
+    detail_section: str = ""
 
     def load_handler(self) -> Callable:
         return _load(self.handler)
@@ -33,6 +36,22 @@ class JobKind:
     def run_unsuccessful_hook(self, job) -> None:
         if self.on_unsuccessful:
             _load(self.on_unsuccessful)(job)
+
+    def section(self, job) -> JobSection | None:
+        return _load(self.detail_section)(job) if self.detail_section else None
+
+
+@dataclass(frozen=True)
+class JobSection:
+    """A kind's part of the job page: a template, the context it reads, and optionally the metrics
+    the generic Metrics card shows instead of all of job.metrics (e.g. without curve histories)."""
+
+    template: str
+    context: dict
+    metrics: dict | None = None
+    page_template: str = ""  # below the live part: forms that need the page's CSRF token
+    update_template: str = ""  # swapped out-of-band with every live update of the page
+    links: tuple[tuple[str, str], ...] = ()  # (label, URL) shown in the page head beside "all jobs"
 
 
 def _load(path: str) -> Callable:

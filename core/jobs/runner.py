@@ -11,8 +11,8 @@ import logging
 import threading
 import time
 
-from kiln_project.errors import KilnError
-from kiln_project.jobs.kinds import EXCLUSIVE_QUEUES, get_job_kind
+from core.errors import KilnError
+from core.jobs.kinds import EXCLUSIVE_QUEUES, get_job_kind
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +34,12 @@ class JobContext:
         self._cancel_seen = False
 
     def report_progress(self, progress: float, message: str = "", metrics: dict | None = None) -> None:
-        from kiln_project.jobs.services import job_report_progress
+        from core.jobs.services import job_report_progress
 
         job_report_progress(job=self.job, progress=progress, message=message, metrics=metrics)
 
     def log(self, message: str, data: dict | None = None) -> None:
-        from kiln_project.jobs.services import job_log
+        from core.jobs.services import job_log
 
         job_log(job=self.job, message=message, data=data)
 
@@ -49,7 +49,7 @@ class JobContext:
             return True
         now = time.monotonic()
         if now - self._last_cancel_check >= _CANCEL_POLL_SECONDS:
-            from kiln_project.jobs.models import Job
+            from core.jobs.models import Job
 
             self._last_cancel_check = now
             self._cancel_seen = Job.objects.filter(id=self.job.id, cancel_requested=True).exists()
@@ -67,8 +67,8 @@ def request_shutdown() -> None:
 
 def run_queued_jobs(queue: str) -> None:
     """Drain a queue in FIFO order; exclusive queues run one job at a time in this process."""
-    from kiln_project.jobs.models import Job, JobState
-    from kiln_project.jobs.worker_state import current_worker_id
+    from core.jobs.models import Job, JobState
+    from core.jobs.worker_state import current_worker_id
 
     lock = _queue_locks.get(queue)
     while not _shutting_down.is_set():
@@ -86,7 +86,7 @@ def run_queued_jobs(queue: str) -> None:
 
 
 def _run_one(queue: str, worker_id: str) -> bool:
-    from kiln_project.jobs import services
+    from core.jobs import services
 
     job = services.job_claim_next(queue=queue, worker_id=worker_id)
     if job is None:
@@ -117,7 +117,7 @@ def _run_one(queue: str, worker_id: str) -> bool:
 
 
 def _settle_stopped(job, ctx: JobContext, result: dict | None) -> None:
-    from kiln_project.jobs import services
+    from core.jobs import services
 
     if _shutting_down.is_set() and not ctx._cancel_seen:
         services.job_fail(job=job, code="job_interrupted", message="the worker shut down while the job ran",

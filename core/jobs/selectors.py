@@ -7,8 +7,8 @@ import uuid
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from kiln_project.jobs.kinds import registered_kinds
-from kiln_project.jobs.models import Job, JobState, WorkerHeartbeat
+from core.jobs.kinds import registered_kinds
+from core.jobs.models import Job, JobState, WorkerHeartbeat
 
 
 def job_list(*, kind: str | None = None, state: str | None = None, category: str | None = None,
@@ -44,7 +44,7 @@ def job_events(*, job: Job, limit: int = 200):
 
 def workers_alive() -> list[WorkerHeartbeat]:
     """Workers with a recent heartbeat whose process still exists (checked for this host's workers)."""
-    from kiln_project.jobs.liveness import STALE_AFTER_SECONDS, worker_is_dead
+    from core.jobs.liveness import STALE_AFTER_SECONDS, worker_is_dead
 
     now = timezone.now()
     cutoff = now - timezone.timedelta(seconds=STALE_AFTER_SECONDS)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from kiln_project.errors import KilnError
-from kiln_project.jobs.broadcast import broadcast_job_changed
-from kiln_project.jobs.kinds import get_job_kind
-from kiln_project.jobs.models import TERMINAL_STATES, Job, JobEvent, JobState
+from core.errors import KilnError
+from core.jobs.broadcast import broadcast_job_changed
+from core.jobs.kinds import get_job_kind
+from core.jobs.models import TERMINAL_STATES, Job, JobEvent, JobState
 
 
 def _event(job: Job, type_: str, message: str = "", data: dict | None = None) -> None:
@@ -24,7 +24,7 @@ def job_submit(*, kind: str, payload: dict, title: str = "", user=None, max_queu
     """Persist a queued job and wake its queue after commit. Refuses with 503 when the queue is full."""
     from django.conf import settings
 
-    from kiln_project.jobs.dispatch import wake_queue
+    from core.jobs.dispatch import wake_queue
 
     job_kind = get_job_kind(kind)
     if job_kind is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dramatiq
 
-from kiln_project.jobs.runner import run_queued_jobs
+from core.jobs.runner import run_queued_jobs
 
 # Generous outer limits: a training run may take hours; jobs stop cooperatively well before this.
 GPU_TIME_LIMIT_MS = 24 * 3600 * 1000

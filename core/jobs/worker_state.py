@@ -11,7 +11,7 @@ import uuid
 from django.db import close_old_connections
 from django.utils import timezone
 
-from kiln_project.jobs.liveness import worker_is_dead
+from core.jobs.liveness import worker_is_dead
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def set_worker_status(**status) -> None:
 
 
 def beat() -> None:
-    from kiln_project.jobs.models import WorkerHeartbeat
+    from core.jobs.models import WorkerHeartbeat
 
     now = timezone.now()
     WorkerHeartbeat.objects.update_or_create(
@@ -58,8 +58,8 @@ def beat() -> None:
 
 def recover_queues(queues: list[str]) -> list[int]:
     """Fail running jobs whose worker died; return the ids of queued jobs to dispatch again, in order."""
-    from kiln_project.jobs.models import Job, JobState, WorkerHeartbeat
-    from kiln_project.jobs.services import jobs_fail_interrupted
+    from core.jobs.models import Job, JobState, WorkerHeartbeat
+    from core.jobs.services import jobs_fail_interrupted
 
     me = current_worker_id()
     interrupted = []
@@ -75,14 +75,14 @@ def recover_queues(queues: list[str]) -> list[int]:
 
 def start_worker(queues: list[str]) -> None:
     """Register this process, recover its queues, wake them, and keep the heartbeat going."""
-    from kiln_project.jobs.dispatch import wake_queue
+    from core.jobs.dispatch import wake_queue
 
     global _worker_queues
     _worker_queues = sorted(set(queues))
     beat()
     recoverable = [q for q in _worker_queues if q in ("gpu", "control")]
     queued = recover_queues(recoverable)
-    from kiln_project.jobs.models import Job
+    from core.jobs.models import Job
 
     for queue in recoverable:
         waiting = Job.objects.filter(id__in=queued, queue=queue).count()
@@ -103,7 +103,7 @@ def _heartbeat_loop() -> None:
 
 
 def stop_worker() -> None:
-    from kiln_project.jobs.models import WorkerHeartbeat
+    from core.jobs.models import WorkerHeartbeat
 
     _stop.set()
     try:

@@ -1,7 +1,7 @@
 """`behavior_policy: recorded`: replay each completion's kiln.rollout-provenance.v1 record and reject drift. Imports no Django.
 
 `verify_recorded_groups` is the admission check (tokenizer only, no model): for every completion
-it validates the record's schema (`gpu_runtime.provenance`), then checks that
+it validates the record's schema (`core.contracts.provenance`), then checks that
 - the group `messages` still hash to `prompt_messages_sha256`;
 - `text` / `trajectory` still hash to `scored_payload_sha256` and the text decodes from the
   recorded completion tokens (a hand-edited completion fails either way);
@@ -29,14 +29,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_runtime.grpo.audit import PolicyAuditAccumulator
-from gpu_runtime.grpo.errors import RecordedProvenanceError
-from gpu_runtime.provenance import (
+from core.contracts.provenance import (
     ProvenanceError,
     prompt_messages_sha256,
     scored_payload_sha256,
     validate_rollout_provenance,
 )
+from gpu_runtime.grpo.audit import PolicyAuditAccumulator
+from gpu_runtime.grpo.errors import RecordedProvenanceError
 
 DRIFT = "recorded_provenance_drift"
 

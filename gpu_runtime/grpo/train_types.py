@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_runtime.grpo.config import GrpoConfig
+from core.contracts.grpo_config import GrpoConfig
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 DEFAULT_SMOKE_PROMPTS = ("What is 2 + 3? Reply with just the number.", "Hello!")

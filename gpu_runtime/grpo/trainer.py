@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
+from core.contracts.grpo_config import resolve_effective_seed
 from gpu_runtime import lean_decoder
 from gpu_runtime.grpo import adapter_io, checkpoint
 from gpu_runtime.grpo.advantages import filter_groups, filter_kwargs
-from gpu_runtime.grpo.config import resolve_effective_seed
 from gpu_runtime.grpo.encoding import check_groups, encode_groups, group_rewards
 from gpu_runtime.grpo.errors import TrainingError
 from gpu_runtime.grpo.receipt import RunLedger

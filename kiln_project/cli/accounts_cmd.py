@@ -37,8 +37,8 @@ def run_user(args) -> int:
     from kiln_project.cli.client import CliError
 
     _setup()
-    from kiln_project.accounts.services import user_create
-    from kiln_project.errors import KilnError
+    from core.accounts.services import user_create
+    from core.errors import KilnError
 
     password = os.environ.get(args.password_env)
     if password is None:
@@ -58,8 +58,8 @@ def run_token(args) -> int:
     from kiln_project.cli.client import CliError
 
     _setup()
-    from kiln_project.accounts.services import token_create, token_revoke
-    from kiln_project.errors import KilnError
+    from core.accounts.services import token_create, token_revoke
+    from core.errors import KilnError
 
     if args.token_command == "create":
         try:

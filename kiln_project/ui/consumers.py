@@ -14,9 +14,9 @@ from urllib.parse import parse_qs
 from asgiref.sync import async_to_sync
 from channels.generic.websocket import WebsocketConsumer
 
-from kiln_project.jobs import selectors
-from kiln_project.jobs.broadcast import JOBS_GROUP, job_group
-from kiln_project.ui import fragments, training_fragments
+from core.jobs import fragments, selectors
+from core.jobs.broadcast import JOBS_GROUP, job_group
+from training import fragments as training_fragments
 
 MAX_LIMIT = 500
 

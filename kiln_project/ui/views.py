@@ -15,11 +15,11 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from adapters import selectors as adapter_selectors
-from kiln_project.errors import KilnError
+from core.errors import KilnError
+from core.jobs import fragments, selectors, services
+from core.jobs.models import JobState
 from kiln_project.health import health_report
-from kiln_project.jobs import selectors, services
-from kiln_project.jobs.models import JobState
-from kiln_project.ui import fragments, training_fragments
+from training import fragments as training_fragments
 
 RECENT_JOBS = 10
 

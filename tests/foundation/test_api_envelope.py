@@ -4,8 +4,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from kiln_project.accounts.services import token_create, user_create
-from kiln_project.jobs.services import job_submit
+from core.accounts.services import token_create, user_create
+from core.jobs.services import job_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +38,7 @@ def test_unauthenticated_requests_get_401(client):
 
 
 def test_token_is_stored_hashed(token):
-    from kiln_project.accounts.models import ApiToken
+    from core.accounts.models import ApiToken
 
     stored = ApiToken.objects.get()
     assert token not in (stored.token_hash, stored.prefix) and stored.prefix == token[:12]
@@ -46,7 +46,7 @@ def test_token_is_stored_hashed(token):
 
 
 def test_revoked_token_stops_working(api, token):
-    from kiln_project.accounts.services import token_revoke
+    from core.accounts.services import token_revoke
 
     assert api.get("/v1/jobs").status_code == 200
     assert token_revoke(prefix=token[:12]) == 1
@@ -82,7 +82,7 @@ def test_body_too_large_is_413(api, settings):
 
 
 def test_internal_error_is_500_envelope(api, monkeypatch):
-    from kiln_project.jobs import selectors
+    from core.jobs import selectors
 
     def explode(**kwargs):
         raise RuntimeError("database on fire")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kiln_project.errors import KilnError
+from core.errors import KilnError
 from kiln_project.health import check_model_files
 
 pytestmark = pytest.mark.django_db
@@ -50,7 +50,7 @@ def test_model_file_checks(tmp_path):
 def test_serving_profiles(settings, profile, activity, refused):
     from dataclasses import replace
 
-    from kiln_project.profiles import require_profile_allows
+    from core.profiles import require_profile_allows
 
     settings.KILN = replace(settings.KILN, serving_profile=profile)
     if refused:

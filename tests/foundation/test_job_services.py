@@ -3,11 +3,11 @@
 import pytest
 from django.utils import timezone
 
-from kiln_project.errors import KilnError
-from kiln_project.jobs import services
-from kiln_project.jobs.models import Job, WorkerHeartbeat
-from kiln_project.jobs.runner import run_queued_jobs
-from kiln_project.jobs.worker_state import recover_queues
+from core.errors import KilnError
+from core.jobs import services
+from core.jobs.models import Job, WorkerHeartbeat
+from core.jobs.runner import run_queued_jobs
+from core.jobs.worker_state import recover_queues
 
 pytestmark = pytest.mark.django_db
 

@@ -10,9 +10,9 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from core.contracts.provenance import build_rollout_provenance
 from gpu_runtime.identity import file_manifest, manifest_digest
 from gpu_runtime.model_loading import load_model
-from gpu_runtime.provenance import build_rollout_provenance
 from gpu_runtime.sample_types import SampleRequest, SampleRequestError
 from gpu_runtime.sampler import Sampler
 from gpu_runtime.sampling import SamplingParams

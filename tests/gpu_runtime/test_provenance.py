@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from core.canonical import json_digest
-from gpu_runtime.provenance import (
+from core.contracts.provenance import (
     ProvenanceError,
     build_rollout_provenance,
     prompt_messages_sha256,

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from gpu_runtime.provenance import build_rollout_provenance
+from core.contracts.provenance import build_rollout_provenance
 from gpu_runtime.sample_types import SampleRequest, SampleRequestError
 from gpu_runtime.sampler import Sampler
 from gpu_runtime.sampling import PenaltyState, SamplingParams, apply_penalties, behavior_logprobs

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.contracts.grpo_config import GrpoConfig
 from gpu_runtime.grpo.advantages import (
     filter_groups,
     filter_kwargs,
@@ -13,7 +14,6 @@ from gpu_runtime.grpo.advantages import (
     is_degenerate_group,
     population_variance,
 )
-from gpu_runtime.grpo.config import GrpoConfig
 
 
 def test_dr_grpo_is_mean_centred_without_std():

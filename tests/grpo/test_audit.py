@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from core.canonical import json_digest
+from core.contracts.grpo_config import GrpoConfig
 from gpu_runtime.grpo.audit import PolicyAuditAccumulator, behavior_source_sha256
-from gpu_runtime.grpo.config import GrpoConfig
 from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss
 
 

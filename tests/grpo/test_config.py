@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.canonical import canonical_json
-from gpu_runtime.grpo.config import GrpoConfig, GrpoConfigError, resolve_effective_seed
+from core.contracts.grpo_config import GrpoConfig, GrpoConfigError, resolve_effective_seed
 
 
 def test_defaults_match_spec():
@@ -265,8 +265,8 @@ def test_pure_modules_do_not_import_torch():
     from pathlib import Path
 
     code = (
-        "import sys, gpu_runtime.grpo.config, gpu_runtime.grpo.advantages, gpu_runtime.grpo.masks,"
-        " gpu_runtime.grpo.audit, gpu_runtime.grpo.submission;"
+        "import sys, core.contracts.grpo_config, gpu_runtime.grpo.advantages, gpu_runtime.grpo.masks,"
+        " gpu_runtime.grpo.audit, core.contracts.grpo_submission;"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'django', 'transformers'));"
         "print(heavy); sys.exit(1 if heavy else 0)"
     )

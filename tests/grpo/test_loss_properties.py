@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_runtime.grpo.config import GrpoConfig
+from core.contracts.grpo_config import GrpoConfig
 from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss, kl_estimate, token_surrogate
 
 NO_KL = {"kl_coeff": 0.0, "loss": {"echo": None}}

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from gpu_runtime.grpo.config import GrpoConfig
+from core.contracts.grpo_config import GrpoConfig
 from gpu_runtime.grpo.losses import (
     GrpoBatch,
     aggregate,

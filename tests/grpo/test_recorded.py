@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
+from core.contracts.provenance import prompt_messages_sha256, scored_payload_sha256
 from gpu_runtime.grpo.errors import RecordedProvenanceError
 from gpu_runtime.grpo.recorded import verify_recorded_groups
-from gpu_runtime.provenance import prompt_messages_sha256, scored_payload_sha256
 from tests.grpo.tiny_support import arithmetic_tasks, exact_match_reward, run, train_request
 
 
@@ -16,8 +16,8 @@ from tests.grpo.tiny_support import arithmetic_tasks, exact_match_reward, run, t
 def recorded(tiny_model_dir):
     import torch
 
+    from core.contracts.provenance import build_rollout_provenance
     from gpu_runtime.model_loading import load_model
-    from gpu_runtime.provenance import build_rollout_provenance
     from gpu_runtime.sample_types import SampleRequest
     from gpu_runtime.sampler import Sampler
     from gpu_runtime.sampling import SamplingParams

@@ -2,8 +2,8 @@
 
 import pytest
 
-from gpu_runtime.grpo.config import GrpoConfigError
-from gpu_runtime.grpo.submission import GrpoSubmission, PostEvalConfig
+from core.contracts.grpo_config import GrpoConfigError
+from core.contracts.grpo_submission import GrpoSubmission, PostEvalConfig
 
 
 def test_request_with_post_eval_and_dry_run():

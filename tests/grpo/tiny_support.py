@@ -133,7 +133,7 @@ def fixed_groups(count: int = 4) -> list[dict]:
 
 def train_request(model_dir, groups, out, name="adapter", *, request_kwargs=None, **config):
     """A TrainRequest with small, fast defaults (AdamW, rank 4, thinking off)."""
-    from gpu_runtime.grpo.config import GrpoConfig
+    from core.contracts.grpo_config import GrpoConfig
     from gpu_runtime.grpo.trainer import TrainRequest
 
     merged = {

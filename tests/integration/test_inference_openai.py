@@ -91,8 +91,8 @@ def test_same_seed_same_tokens_with_other_requests_in_flight(served):
 
 
 def test_provenance_records_validate_and_logprobs_match_a_fresh_forward_pass(served, tiny_model_dir):
+    from core.contracts.provenance import prompt_messages_sha256, validate_rollout_provenance
     from gpu_runtime.model_loading import load_model
-    from gpu_runtime.provenance import prompt_messages_sha256, validate_rollout_provenance
 
     _, client = served
     response = _ask(client, seed=21, n=2, temperature=1.0, rollout_provenance=True,

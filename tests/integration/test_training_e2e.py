@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from core.canonical import json_digest
 from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.integration
@@ -60,6 +62,9 @@ def test_api_training_publishes_an_adapter_with_a_receipt_and_serves_it(trainer_
     assert detail["train_receipt"]["config_hashes"] == receipt["config_hashes"]
     adapter = api.get("/v1/adapters/math-r001").json()
     assert adapter["state"] == "published" and adapter["content_sha256"].startswith("sha256:")
+    # The receipt is a row too, written with the adapter: the file on disk hashes to the row's digest.
+    on_disk = json.loads((Path(detail["adapter_path"]) / "train_receipt.json").read_text())
+    assert adapter["receipt_sha256"] == json_digest(on_disk) == json_digest(receipt)
     assert adapter["loaded"] is False  # auto_load false keeps training apart from activation
     chat = api.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "What is 2 + 3? Reply with just the number."}],

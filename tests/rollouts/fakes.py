@@ -1,6 +1,6 @@
 """A fake /v1/chat/completions server answer, built the way runtime_host builds a real one.
 
-The provenance record comes from the real `gpu_runtime.provenance.build_rollout_provenance`, fed
+The provenance record comes from the real `core.contracts.provenance.build_rollout_provenance`, fed
 a SampleResult-shaped object, so the fakes stay in step with the record format.
 """
 
@@ -10,7 +10,7 @@ import copy
 import uuid
 from types import SimpleNamespace
 
-from gpu_runtime.provenance import build_rollout_provenance
+from core.contracts.provenance import build_rollout_provenance
 from training.rollouts.template import parse_request
 
 SHA = "sha256:" + "ab" * 32

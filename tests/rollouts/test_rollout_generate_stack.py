@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_runtime.provenance import validate_rollout_provenance
+from core.contracts.provenance import validate_rollout_provenance
 from tests.support.stack import wait_until
 from training.groups import admit_jsonl
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from gpu_runtime.provenance import scored_payload_sha256
+from core.contracts.provenance import scored_payload_sha256
 from tests.rollouts.fakes import ADAPTER, fake_response
 from training.rollouts.errors import RolloutError
 from training.rollouts.template import RenderOptions, Task, parse_request, render_request

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kiln_project.errors import KilnError
-from kiln_project.jobs.kinds import JobKind, register_job_kind
+from core.errors import KilnError
+from core.jobs.kinds import JobKind, register_job_kind
 
 register_job_kind(JobKind(name="test.steps", queue="gpu", handler="tests.support.job_kinds:run_steps",
                           category="training"))

@@ -10,8 +10,8 @@ import django  # noqa: E402
 
 django.setup()
 
-from kiln_project.errors import KilnError  # noqa: E402
-from kiln_project.jobs.services import job_submit  # noqa: E402
+from core.errors import KilnError  # noqa: E402
+from core.jobs.services import job_submit  # noqa: E402
 
 for payload in sys.argv[2:]:
     try:

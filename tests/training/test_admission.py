@@ -8,9 +8,9 @@ import pytest
 from django.test import Client
 
 from adapters.models import Adapter
+from core.accounts.services import token_create, user_create
 from core.canonical import sha256_digest
-from kiln_project.accounts.services import token_create, user_create
-from kiln_project.jobs.models import Job
+from core.jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -145,7 +145,7 @@ def test_a_training_job_without_model_weights_fails_with_mock_mode(
     no model configured and fails with a clear code; its reserved adapter name is released."""
     import dataclasses
 
-    from kiln_project.jobs.runner import run_queued_jobs
+    from core.jobs.runner import run_queued_jobs
 
     settings.KILN = dataclasses.replace(settings.KILN, model_path=None)
     job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "no-weights"}}).json()["job_id"]

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 from django.test import Client
 
-from gpu_runtime.provenance import build_rollout_provenance
-from kiln_project.accounts.services import token_create, user_create
-from kiln_project.errors import KilnError
-from kiln_project.jobs.models import Job
+from core.accounts.services import token_create, user_create
+from core.contracts.provenance import build_rollout_provenance
+from core.errors import KilnError
+from core.jobs.models import Job
 from training.recorded_admission import check_recorded_corpus
 
 SHA = "sha256:" + "ab" * 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from kiln_project.accounts.services import user_create
+from core.accounts.services import user_create
 
 PASSWORD = "correct-horse-42"
 

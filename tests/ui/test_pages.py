@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from kiln_project.jobs import services
-from kiln_project.jobs.models import JobState
+from core.jobs import services
+from core.jobs.models import JobState
 
 PAGES = ["ui:overview", "ui:jobs", "ui:training_grpo", "ui:training_openenv", "ui:adapters",
          "ui:evaluations", "ui:promotions"]

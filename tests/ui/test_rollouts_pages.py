@@ -19,11 +19,10 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from core.canonical import sha256_digest
+from core.errors import KilnError
+from core.jobs import fragments, runner
+from core.jobs.models import Job, JobState
 from evaluations.models import Scorer
-from kiln_project.errors import KilnError
-from kiln_project.jobs import runner
-from kiln_project.jobs.models import Job, JobState
-from kiln_project.ui import fragments
 from tests.rollouts.fakes import FakeServer
 from training.groups import admit_jsonl
 
@@ -215,7 +214,7 @@ def test_refusals_are_shown_next_to_their_field_and_queue_nothing(operator_clien
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The GPU worker, faked at the sync transport (the web/worker boundary the job uses)."""
-    from kiln_project.inference import selectors, sync_client
+    from adapters.serving import selectors, sync_client
 
     server = FakeServer()
     monkeypatch.setattr(selectors, "require_inference_ready", lambda: None)
@@ -374,8 +373,8 @@ class FakeRedis:
 
 @pytest.fixture
 def transport(monkeypatch):
-    from kiln_project.inference import selectors, sync_client, tasks
-    from kiln_project.inference.transport import events_key
+    from adapters.serving import selectors, sync_client, tasks
+    from adapters.serving.transport import events_key
 
     fake = FakeRedis()
     sent = []
@@ -424,7 +423,7 @@ def test_sync_client_raises_the_workers_error_and_refuses_bad_bodies(transport):
 
 
 def test_sync_client_checks_readiness_before_sending(monkeypatch):
-    from kiln_project.inference import sync_client, tasks
+    from adapters.serving import sync_client, tasks
 
     monkeypatch.setattr(tasks.run_chat_completion, "send", lambda *a: pytest.fail("sent while not ready"))
     with pytest.raises(KilnError) as caught:

@@ -41,7 +41,7 @@ import django
 django.setup()
 from pathlib import Path
 from adapters.services import adapter_publish
-from kiln_project.jobs import selectors, services
+from core.jobs import selectors, services
 action, job_id, data = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 job = selectors.job_get(job_id=job_id)
 if action == "claim":

@@ -15,8 +15,8 @@ from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
+from core.jobs import services
 from kiln_project.asgi import application
-from kiln_project.jobs import services
 from training.services import grpo_submit
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -18,9 +18,9 @@ from django.utils.html import escape
 
 from adapters.models import Adapter
 from adapters.services import adapter_publish
-from kiln_project.jobs import services as job_services
-from kiln_project.jobs.models import Job, JobState
-from kiln_project.ui.sparkline import sparkline
+from core.jobs import services as job_services
+from core.jobs.models import Job, JobState
+from core.sparkline import sparkline
 from training.services import grpo_submit
 
 pytestmark = pytest.mark.django_db

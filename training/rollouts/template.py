@@ -1,6 +1,6 @@
 """Tasks, the request template, and rendering one chat-completions body per (task, seed). Pure module.
 
-Imports no Django and no torch: the request contract comes from `kiln_project.inference.schemas`
+Imports no Django and no torch: the request contract comes from `adapters.serving.schemas`
 (pydantic only), so a body is checked here exactly as the server will check it, before anything
 is sent.
 
@@ -269,7 +269,7 @@ def parse_request(body: dict, task: Task):
     """The server's own ChatCompletionRequest for `body`; a refusal names the task."""
     from pydantic import ValidationError
 
-    from kiln_project.inference.schemas import MAX_TOKENS_CAP, ChatCompletionRequest
+    from adapters.serving.schemas import MAX_TOKENS_CAP, ChatCompletionRequest
 
     try:
         parsed = ChatCompletionRequest.model_validate(body)

@@ -1,6 +1,6 @@
 """Validate each chat-completion response against the request that produced it. Pure module.
 
-Imports no Django and no torch (`gpu_runtime.provenance` is pure: schema and digests only).
+Imports no Django and no torch (`core.contracts.provenance` is pure: schema and digests only).
 `validate_response` checks one response on its own; `check_consistency` checks what must be the
 same across every response of a run. Check names (`RolloutError.check`):
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_runtime.provenance import (
+from core.contracts.provenance import (
     ProvenanceError,
     prompt_messages_sha256,
     scored_payload_sha256,
