@@ -7,11 +7,11 @@ from core.canonical import json_digest
 from core.models import Receipt
 
 
-def receipt_record(*, kind: str, subject: str, body: dict, job_id=None) -> Receipt:
+def receipt_record(*, kind: str, subject: str, body: dict, job=None) -> Receipt:
     """Append a receipt row; its sha256 is over the canonical JSON of `body`."""
     schema = str(body.get("schema") or body.get("schema_version") or "")
     return Receipt.objects.create(kind=kind, subject=subject, schema=schema, sha256=json_digest(body),
-                                  body=body, job_id=job_id)
+                                  body=body, job=job)
 
 
 def receipt_latest(*, kind: str, subject: str) -> Receipt | None:

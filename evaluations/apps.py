@@ -4,3 +4,13 @@ from django.apps import AppConfig
 class EvaluationsConfig(AppConfig):
     name = "evaluations"
     verbose_name = "Evaluations"
+
+    def ready(self):
+        from core.jobs.kinds import JobKind, register_job_kind
+
+        # Recorded-policy rollout generation (Training → Rollouts, kiln rollout-generate on the
+        # server): CPU-side in the control worker; it samples through the infer queue and runs the
+        # registered scorer in the sandbox. The evaluation runs will use the same pipeline.
+        register_job_kind(JobKind(name="rollouts.generate", queue="control",
+                                  handler="evaluations.rollout_jobs:run_rollouts_job", category="training",
+                                  detail_section="evaluations.rollout_selectors:job_section"))

@@ -40,12 +40,20 @@ def _kiln_error(request, exc: KilnError):
     return _respond(request, exc.status, exc.code, exc.message, exc.hint, exc.headers)
 
 
+# Routes whose request shape errors keep the code their contract gives every other bad value.
+VALIDATION_CODES = {"/v1/train/": (400, "training_invalid_request"), "/v1/training/": (400, "training_invalid_request")}
+
+
 @api.exception_handler(NinjaValidationError)
 def _validation_error(request, exc: NinjaValidationError):
     first = exc.errors[0] if exc.errors else {}
     where = ".".join(str(part) for part in first.get("loc", []) if part not in ("body", "payload"))
     message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid request")
-    return _respond(request, 422, "validation_error", message, f"{len(exc.errors)} problem(s) in the request")
+    status, code = next((v for prefix, v in VALIDATION_CODES.items() if request.path.startswith(prefix)),
+                        (422, "validation_error"))
+    if code != "validation_error":
+        message = f"request: {first.get('msg', 'must be a JSON object')}"
+    return _respond(request, status, code, message, f"{len(exc.errors)} problem(s) in the request")
 
 
 @api.exception_handler(AuthenticationError)
@@ -56,6 +64,9 @@ def _unauthorized(request, exc):
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
+    code = next((v[1] for prefix, v in VALIDATION_CODES.items() if request.path.startswith(prefix)), None)
+    if exc.status_code == 400 and code:  # ninja could not parse the body as JSON
+        return _respond(request, 400, code, f"request: not valid JSON ({exc})", "send one JSON object")
     return _respond(request, exc.status_code, f"http_{exc.status_code}", str(exc))
 
 

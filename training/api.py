@@ -1,11 +1,10 @@
 """/v1/train/*: submit GRPO training, follow it, cancel it, delete finished jobs.
 
-Web-facing: no torch. The request contract is validated by the torch-free GrpoConfig.
+Web-facing: no torch. The request is described by training.schemas and validated once, by the
+torch-free contracts in core.contracts (through training.services).
 """
 
 from __future__ import annotations
-
-import json
 
 from ninja import Router
 
@@ -14,41 +13,41 @@ from core.errors import KilnError
 from core.jobs import services as job_services
 from core.jobs.models import TERMINAL_STATES
 from training import selectors
+from training.schemas import (
+    GrpoQueued,
+    GrpoRequest,
+    JobCancelResult,
+    JobDeleted,
+    TrainingDetail,
+    TrainingQueue,
+    TrainingStatus,
+)
 from training.services import grpo_submit
 
 router = Router(tags=["training"])
 
 
-def _body(request) -> dict:
-    try:
-        body = json.loads(request.body or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise KilnError("training_invalid_request", f"request: not valid JSON ({exc})", status=400) from None
-    if not isinstance(body, dict):
-        raise KilnError("training_invalid_request", "request: must be a JSON object", status=400)
-    return body
-
-
-def _submit(request, route: str) -> dict:
+def _submit(request, body: GrpoRequest, route: str) -> dict:
     require_permission(request, "submit_job")
-    job, seed = grpo_submit(body=_body(request), user=request.user, route=route)
+    job, seed = grpo_submit(body=body.as_dict(), user=request.user, route=route)
     return {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
             "message": f"GRPO training queued; it will publish adapter {job.payload['adapter_name']}"}
 
 
-@router.post("/train/grpo", summary="Queue GRPO training from scored groups")
-def train_grpo(request):
-    return _submit(request, "/v1/train/grpo")
+@router.post("/train/grpo", summary="Queue GRPO training from scored groups", response=GrpoQueued)
+def train_grpo(request, body: GrpoRequest):
+    return _submit(request, body, "/v1/train/grpo")
 
 
-@router.post("/train/agentic", summary="Queue GRPO training (agentic alias)")
-def train_agentic(request):
-    return _submit(request, "/v1/train/agentic")
+@router.post("/train/agentic", summary="Queue GRPO training (agentic alias)", response=GrpoQueued)
+def train_agentic(request, body: GrpoRequest):
+    return _submit(request, body, "/v1/train/agentic")
 
 
-@router.post("/training/grpo", summary="Queue GRPO training (compatibility alias)", include_in_schema=False)
-def training_grpo_compat(request):
-    return _submit(request, "/v1/train/grpo")
+@router.post("/training/grpo", summary="Queue GRPO training (compatibility alias)", include_in_schema=False,
+             response=GrpoQueued)
+def training_grpo_compat(request, body: GrpoRequest):
+    return _submit(request, body, "/v1/train/grpo")
 
 
 def _job_or_404(job_id: str):
@@ -59,37 +58,39 @@ def _job_or_404(job_id: str):
     return job
 
 
-@router.get("/train/status", summary="Status of every training job, newest first")
+@router.get("/train/status", summary="Status of every training job, newest first", response=list[TrainingStatus])
 def train_status(request):
     return [selectors.training_status(job) for job in selectors.training_jobs()[:200]]
 
 
-@router.get("/train/status/{job_id}", summary="Status of one training job")
+@router.get("/train/status/{job_id}", summary="Status of one training job", response=TrainingStatus)
 def train_status_one(request, job_id: str):
     return selectors.training_status(_job_or_404(job_id))
 
 
-@router.get("/train/jobs/{job_id}", summary="Training job detail: loss history, adapter, receipt, checkpoint")
+@router.get("/train/jobs/{job_id}", summary="Training job detail: loss history, adapter, receipt, checkpoint",
+            response=TrainingDetail)
 def train_job_detail(request, job_id: str):
     return selectors.training_detail(_job_or_404(job_id))
 
 
-@router.delete("/train/jobs/{job_id}", summary="Delete a finished training job's record")
+@router.delete("/train/jobs/{job_id}", summary="Delete a finished training job (its events are kept)",
+               response=JobDeleted)
 def train_job_delete(request, job_id: str):
     require_permission(request, "submit_job")
-    job = _job_or_404(job_id)
-    if job.state not in TERMINAL_STATES:
-        raise KilnError("training_job_already_started", f"job {job_id} is {job.state}; cancel it first", status=409)
-    job.delete()
+    job_services.job_delete(job=_job_or_404(job_id), user=request.user,
+                            not_finished_code="training_job_already_started")
     return {"job_id": job_id, "status": "deleted", "removed_archive_file": False}
 
 
-@router.get("/train/queue", summary="The training queue: running, queued in order, recently finished")
+@router.get("/train/queue", summary="The training queue: running, queued in order, recently finished",
+            response=TrainingQueue)
 def train_queue(request):
     return selectors.training_queue()
 
 
-@router.delete("/train/queue/{job_id}", summary="Cancel a queued or running training job")
+@router.delete("/train/queue/{job_id}", summary="Cancel a queued or running training job", response=JobCancelResult,
+               exclude_unset=True)
 def train_cancel(request, job_id: str):
     require_permission(request, "submit_job")
     job = _job_or_404(job_id)

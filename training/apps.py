@@ -14,8 +14,3 @@ class TrainingConfig(AppConfig):
                                   queue_full_retry_after=30,
                                   on_unsuccessful="training.hooks:release_output_adapter",
                                   detail_section="training.fragments:job_section"))
-        # Recorded-policy rollout generation (Training → Rollouts): CPU-side in the control worker; it
-        # samples through the infer queue and runs the registered scorer in the sandbox.
-        register_job_kind(JobKind(name="rollouts.generate", queue="control",
-                                  handler="training.rollout_jobs:run_rollouts_job", category="training",
-                                  detail_section="training.rollout_selectors:job_section"))

@@ -4,7 +4,7 @@ download a run's files, and train on them with one click.
 The views only move form fields and uploads into the services (training.rollout_services,
 evaluations.services) and render what the selectors read; a KilnError is shown next to the field
 it names and nothing is queued or stored. Web-facing: never imports torch, transformers, peft or
-gpu_runtime (the services reach the pure `core.contracts.provenance` through `training.rollouts`).
+gpu_runtime (the services reach the pure `core.contracts.provenance` through `evaluations.generation`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,11 @@ from adapters.selectors import adapter_list
 from core.errors import KilnError
 from core.jobs import fragments
 from core.jobs.selectors import job_get
+from evaluations import rollout_selectors
+from evaluations.rollout_services import MAX_CONCURRENCY, MAX_SEEDS, ROUTE, rollouts_submit
 from evaluations.selectors import scorer_list
 from evaluations.services import scorer_register
-from training import rollout_selectors
-from training.rollout_services import (
-    MAX_CONCURRENCY,
-    MAX_SEEDS,
-    ROUTE,
-    rollouts_submit,
-    rollouts_train_submit,
-)
+from training.rollout_services import rollouts_train_submit
 
 PERMISSION_TEXT = ("You lack the submit_job permission, so you cannot {what}. "
                    "An administrator can grant it in /admin/ (Users → permissions).")

@@ -49,13 +49,13 @@ class ProgressRecorder:
         self.ctx.report_progress(figures.get("progress", 0.0), message, metrics=self.metrics)
 
 
-def _record_failure_receipt(path: Path, name: str, job_id) -> None:
+def _record_failure_receipt(path: Path, name: str, job) -> None:
     """The receipt a failed run left on disk, as a row too (the file stays the portable copy)."""
     try:
         body = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return  # failed before the trainer wrote one
-    receipt_record(kind=ReceiptKind.TRAIN_FAILURE, subject=name, body=body, job_id=job_id)
+    receipt_record(kind=ReceiptKind.TRAIN_FAILURE, subject=name, body=body, job=job)
 
 
 def run_grpo_job(ctx) -> dict:
@@ -89,7 +89,7 @@ def run_grpo_job(ctx) -> dict:
     try:
         result = train_grpo(request, on_progress=recorder, should_stop=ctx.should_stop, gpu_writer=gpu_writer)
     except TrainingError as exc:
-        _record_failure_receipt(request.failure_receipt_path, name, ctx.job_id)
+        _record_failure_receipt(request.failure_receipt_path, name, ctx.job)
         raise KilnError(exc.code, exc.message, hint=exc.hint or "") from None
     checkpoints = [str(p) for p in result.checkpoints]
     summary = {"adapter_name": name, "receipt_path": str(result.receipt_path), "checkpoints": checkpoints,
@@ -111,6 +111,6 @@ def run_grpo_job(ctx) -> dict:
             base_model_sha256=(receipt.get("model") or {}).get("base_model_sha256", ""),
             loaded=bool(config.auto_load and smoke_passed and not gate_pending),
         )
-        receipt_record(kind=ReceiptKind.TRAIN, subject=name, body=receipt, job_id=ctx.job_id)
+        receipt_record(kind=ReceiptKind.TRAIN, subject=name, body=receipt, job=ctx.job)
     return {**summary, "adapter_path": str(result.adapter_path), "loaded": adapter.loaded,
             "linked_eval_job_ids": []}

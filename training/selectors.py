@@ -14,7 +14,7 @@ TRAINING_KINDS = ("training.grpo",)
 
 
 def training_jobs():
-    return Job.objects.filter(kind__in=TRAINING_KINDS).order_by("-id")
+    return Job.objects.filter(kind__in=TRAINING_KINDS, deleted_at__isnull=True).order_by("-id")
 
 
 def training_job_get(*, job_id: str) -> Job | None:

@@ -13,7 +13,7 @@ from core.jobs.models import Job, JobState, WorkerHeartbeat
 
 def job_list(*, kind: str | None = None, state: str | None = None, category: str | None = None,
              limit: int = 100) -> QuerySet[Job]:
-    jobs = Job.objects.all().order_by("-id")
+    jobs = Job.objects.filter(deleted_at__isnull=True).order_by("-id")
     if kind:
         jobs = jobs.filter(kind=kind)
     if state:
@@ -28,7 +28,7 @@ def job_get(*, job_id: str) -> Job | None:
         key = uuid.UUID(str(job_id))
     except ValueError:
         return None
-    return Job.objects.filter(uuid=key).first()
+    return Job.objects.filter(uuid=key, deleted_at__isnull=True).first()
 
 
 def job_queue_position(*, job: Job) -> int | None:
@@ -54,6 +54,6 @@ def workers_alive() -> list[WorkerHeartbeat]:
 
 def job_counts() -> dict[str, int]:
     counts = {state: 0 for state in JobState.values}
-    for row in Job.objects.values("state").annotate(n=Count("id")):
+    for row in Job.objects.filter(deleted_at__isnull=True).values("state").annotate(n=Count("id")):
         counts[row["state"]] = row["n"]
     return counts

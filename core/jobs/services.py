@@ -125,6 +125,23 @@ def job_mark_cancelled(*, job: Job, result: dict | None = None) -> bool:
     )
 
 
+def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletable") -> Job:
+    """Hide a finished job from the API and pages. The row and its events stay (audit), with a
+    `deleted` event naming who deleted it; a queued or running job must be cancelled first."""
+    who = getattr(user, "username", "") or "anonymous"
+    with transaction.atomic():
+        updated = Job.objects.filter(id=job.id, state__in=TERMINAL_STATES, deleted_at__isnull=True).update(
+            deleted_at=timezone.now())
+        if not updated:
+            job.refresh_from_db()
+            if job.deleted_at is not None:
+                raise KilnError("job_not_found", f"job {job.uuid} was already deleted", status=404)
+            raise KilnError(not_finished_code, f"job {job.uuid} is {job.state}; cancel it first", status=409)
+        _event(job, "deleted", f"deleted by {who}")
+    job.refresh_from_db()
+    return job
+
+
 def job_cancel(*, job: Job, user=None) -> Job:
     """Cancel a queued job at once, or ask a running one to stop at its next safe boundary."""
     who = getattr(user, "username", "") or "anonymous"

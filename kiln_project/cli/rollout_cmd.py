@@ -8,7 +8,7 @@ canonical GRPO JSONL (ready for POST /v1/train/grpo with behavior_policy "record
 summary, atomically and together; any failure prints one line naming the task, the seed and the
 check, exits non-zero, and leaves existing output files untouched.
 
-A client of the API: imports no Django and no torch (the pure core is `training.rollouts`).
+A client of the API: imports no Django and no torch (the pure core is `evaluations.generation`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from core.canonical import sha256_digest
+from evaluations.generation.corpus import build_groups, build_summary, corpus_bytes
+from evaluations.generation.errors import RolloutError
+from evaluations.generation.generate import plan_requests, run_requests
+from evaluations.generation.publish import check_targets, publish_together
+from evaluations.generation.template import RenderOptions, load_tasks, load_template
+from evaluations.generation.validation import check_consistency
 from kiln_project.cli.client import CliError, KilnClient
 from kiln_project.cli.output import ProgressBar, print_json
-from training.rollouts.corpus import build_groups, build_summary, corpus_bytes
-from training.rollouts.errors import RolloutError
-from training.rollouts.generate import plan_requests, run_requests
-from training.rollouts.publish import check_targets, publish_together
-from training.rollouts.template import RenderOptions, load_tasks, load_template
-from training.rollouts.validation import check_consistency
 
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 REQUEST_TIMEOUT_S = 900.0  # the server waits up to 300 s for a busy GPU worker, then decodes

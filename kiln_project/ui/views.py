@@ -1,6 +1,7 @@
 """Dashboard pages. Views read through selectors and write through services; no domain decisions.
 
-Training → GRPO lives in training/views.py (it submits through training.services).
+Each app's own pages live in its views.py and urls.py (Training → GRPO and Rollouts in training/,
+the adapter registry in adapters/).
 
 Every page is plain server-rendered HTML that reads fine without JavaScript; live updates are an
 htmx layer on top (see consumers.py). Web-facing: never imports torch or gpu_runtime.
@@ -14,12 +15,10 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from adapters import selectors as adapter_selectors
 from core.errors import KilnError
 from core.jobs import fragments, selectors, services
 from core.jobs.models import JobState
 from kiln_project.health import health_report
-from training import fragments as training_fragments
 
 RECENT_JOBS = 10
 
@@ -56,28 +55,6 @@ def training_openenv(request):
 @login_required
 def evaluations(request):
     return _category_page(request, category="evaluation", template="ui/evaluations.html")
-
-
-@login_required
-def adapters(request):
-    return render(request, "ui/adapters.html", {"adapters": list(adapter_selectors.adapter_list())})
-
-
-@login_required
-def adapter_detail(request, name):
-    adapter = adapter_selectors.adapter_get(name=name)
-    if adapter is None:
-        raise Http404("no such adapter")
-    try:
-        receipt, receipt_error = adapter_selectors.adapter_receipt(adapter=adapter), ""
-    except (ValueError, OSError) as exc:  # receipt writes are not atomic (spec §2.9)
-        receipt, receipt_error = None, f"the receipt could not be read ({type(exc).__name__}: {exc})"
-    context = {
-        "adapter": adapter,
-        "receipt": training_fragments.receipt_view(receipt),
-        "receipt_error": receipt_error,
-    }
-    return render(request, "ui/adapters_detail.html", context)
 
 
 @login_required

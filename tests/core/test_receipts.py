@@ -33,6 +33,16 @@ def test_a_receipt_row_holds_the_canonical_digest_and_is_append_only():
 
 
 @pytest.mark.django_db
+def test_a_receipt_names_the_job_that_produced_it():
+    from core.jobs.models import Job
+
+    job = Job.objects.create(kind="training.grpo", queue="gpu")
+    row = receipt_record(kind="train", subject="math-r001", body=BODY, job=job)
+    assert Receipt.objects.get(pk=row.pk).job == job
+    assert list(job.receipts.all()) == [row]
+
+
+@pytest.mark.django_db
 def test_admin_lists_searches_and_shows_receipts_read_only(admin_client):
     row = receipt_record(kind="train", subject="math-r001", body=BODY)
     receipt_record(kind="train", subject="other-r001", body=dict(BODY, adapter_name="other-r001"))

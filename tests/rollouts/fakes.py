@@ -11,7 +11,7 @@ import uuid
 from types import SimpleNamespace
 
 from core.contracts.provenance import build_rollout_provenance
-from training.rollouts.template import parse_request
+from evaluations.generation.template import parse_request
 
 SHA = "sha256:" + "ab" * 32
 TOKENIZER = {"vocab_sha256": "sha256:" + "01" * 32, "config_sha256": "sha256:" + "02" * 32,

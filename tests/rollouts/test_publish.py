@@ -1,4 +1,4 @@
-"""Atomic publication of the rollouts and summary files (training.rollouts.publish)."""
+"""Atomic publication of the rollouts and summary files (evaluations.generation.publish)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import pytest
 
 from core import artifacts
-from training.rollouts import publish
-from training.rollouts.errors import RolloutError
+from evaluations.generation import publish
+from evaluations.generation.errors import RolloutError
 
 
 def listing(directory):

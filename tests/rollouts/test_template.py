@@ -1,4 +1,4 @@
-"""Template substitution, owned-field refusals and task loading (training.rollouts.template)."""
+"""Template substitution, owned-field refusals and task loading (evaluations.generation.template)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from training.rollouts.errors import RolloutError
-from training.rollouts.generate import plan_requests
-from training.rollouts.template import RenderOptions, Task, load_tasks, load_template, render_request
+from evaluations.generation.errors import RolloutError
+from evaluations.generation.generate import plan_requests
+from evaluations.generation.template import RenderOptions, Task, load_tasks, load_template, render_request
 
 TASK = Task("sum-1", {"id": "sum-1", "prompt": "What is 47 + 38?", "answer": 85, "meta": {"level": 2},
                       "max_tokens": 16}, 1)

@@ -1,4 +1,4 @@
-"""Every drift between a request and its response is caught (training.rollouts.validation)."""
+"""Every drift between a request and its response is caught (evaluations.generation.validation)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import copy
 import pytest
 
 from core.contracts.provenance import scored_payload_sha256
+from evaluations.generation.errors import RolloutError
+from evaluations.generation.template import RenderOptions, Task, parse_request, render_request
+from evaluations.generation.validation import check_consistency, completion_text, validate_response
 from tests.rollouts.fakes import ADAPTER, fake_response
-from training.rollouts.errors import RolloutError
-from training.rollouts.template import RenderOptions, Task, parse_request, render_request
-from training.rollouts.validation import check_consistency, completion_text, validate_response
 
 TASK = Task("sum-1", {"id": "sum-1", "prompt": "What is 2 + 3?", "answer": 5}, 1)
 TASK2 = Task("sum-2", {"id": "sum-2", "prompt": "What is 4 + 4?", "answer": 8}, 2)

@@ -1,9 +1,10 @@
 """Training → Rollouts through the test client: the scorer registry, the generation form, the job's
 rollouts section, the downloads and the one-click recorded-policy training.
 
-Submissions go through the real services (training.rollout_services, evaluations.services). The
+Submissions go through the real services (evaluations.rollout_services, training.rollout_services,
+evaluations.services). The
 generation job itself runs in-process through the real job runner and handler
-(training.rollout_jobs) with the real scorer sandbox; only the GPU worker is faked, at the
+(evaluations.rollout_jobs) with the real scorer sandbox; only the GPU worker is faked, at the
 sync transport boundary (tests/rollouts/fakes.py builds answers like runtime_host does).
 """
 

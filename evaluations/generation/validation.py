@@ -36,8 +36,8 @@ from core.contracts.provenance import (
     scored_payload_sha256,
     validate_rollout_provenance,
 )
-from training.rollouts.errors import RolloutError
-from training.rollouts.template import RenderOptions, Task
+from evaluations.generation.errors import RolloutError
+from evaluations.generation.template import RenderOptions, Task
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")

@@ -16,7 +16,7 @@ import statistics
 from collections import Counter
 
 from core.canonical import sha256_digest
-from training.rollouts.generate import ScoredRollout
+from evaluations.generation.generate import ScoredRollout
 
 SUMMARY_SCHEMA = "kiln.rollout-generate-summary.v1"
 HISTOGRAM_DISTINCT_VALUES = 16

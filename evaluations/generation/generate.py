@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from training.rollouts.errors import RolloutError, one_line
-from training.rollouts.template import RenderOptions, Task, parse_request, render_request
-from training.rollouts.validation import CheckedRollout, validate_response
+from evaluations.generation.errors import RolloutError, one_line
+from evaluations.generation.template import RenderOptions, Task, parse_request, render_request
+from evaluations.generation.validation import CheckedRollout, validate_response
 
 STDERR_TAIL_CHARS = 1000
 

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.rollouts.errors import RolloutError
+from evaluations.generation.errors import RolloutError
 
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 BASE_LABELS = (None, "", "base")

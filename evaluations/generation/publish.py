@@ -12,7 +12,7 @@ from pathlib import Path
 
 from core.artifacts import ArtifactError
 from core.artifacts import publish_together as publish_files
-from training.rollouts.errors import RolloutError
+from evaluations.generation.errors import RolloutError
 
 
 def check_targets(paths: list[Path]) -> list[Path]:

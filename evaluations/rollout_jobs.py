@@ -25,13 +25,13 @@ from pathlib import Path
 
 from core.canonical import sha256_digest
 from core.errors import KilnError
-from training.rollout_selectors import ROLLOUTS_FILE, SUMMARY_FILE, rollouts_job_dir
-from training.rollouts.corpus import build_groups, build_summary, corpus_bytes
-from training.rollouts.errors import RolloutError
-from training.rollouts.generate import plan_requests, run_requests
-from training.rollouts.publish import check_targets, publish_together
-from training.rollouts.template import RenderOptions, load_tasks, load_template
-from training.rollouts.validation import check_consistency
+from evaluations.generation.corpus import build_groups, build_summary, corpus_bytes
+from evaluations.generation.errors import RolloutError
+from evaluations.generation.generate import plan_requests, run_requests
+from evaluations.generation.publish import check_targets, publish_together
+from evaluations.generation.template import RenderOptions, load_tasks, load_template
+from evaluations.generation.validation import check_consistency
+from evaluations.rollout_selectors import ROLLOUTS_FILE, SUMMARY_FILE, rollouts_job_dir
 
 REQUEST_TIMEOUT_S = 900.0  # as the CLI: up to 300 s for a busy GPU worker, then decoding
 MODEL_WAIT_S = 300.0  # a freshly started GPU worker may still be loading the model

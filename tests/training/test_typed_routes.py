@@ -1,0 +1,84 @@
+"""/v1/train/* are typed: the OpenAPI document describes the request and answers, the contract stays
+the one checker (stable codes), and deleting a finished job keeps its row and events."""
+
+import json
+
+import pytest
+from django.test import Client
+
+from core.accounts.services import token_create, user_create
+from core.jobs.models import Job, JobEvent, JobState
+
+pytestmark = pytest.mark.django_db
+
+GROUP = {"messages": [{"role": "user", "content": "What is 2 + 3?"}],
+         "completions": [{"text": "5", "reward": 1.0}, {"text": "6", "reward": 0.0}]}
+
+
+@pytest.fixture
+def api():
+    user_create(username="trainer", password="long-enough-pw")
+    return Client(headers={"Authorization": f"Bearer {token_create(username='trainer')[1]}"})
+
+
+def _post(api, body):
+    return api.post("/v1/train/grpo", data=body if isinstance(body, str) else json.dumps(body),
+                    content_type="application/json")
+
+
+def test_openapi_has_a_request_body_for_every_post_and_put_and_describes_the_grpo_request(api):
+    doc = api.get("/v1/openapi.json").json()
+    writes = [(path, method, op) for path, ops in doc["paths"].items() for method, op in ops.items()
+              if method in ("post", "put", "patch")]
+    assert writes and all("requestBody" in op for _, _, op in writes), [
+        (path, method) for path, method, op in writes if "requestBody" not in op]
+    schemas = doc["components"]["schemas"]
+    request = schemas["GrpoRequest"]["properties"]
+    config = request["config"]
+    assert config["title"] == "GrpoConfig"
+    assert config["properties"]["lora_rank"] == {"type": "integer", "default": 16}
+    assert config["properties"]["behavior_policy"]["enum"] == ["no_importance_correction", "recorded"]
+    assert config["properties"]["optimizer"]["properties"]["kind"]["enum"] == ["muon", "adam_w", "sgd"]
+    assert config["properties"]["loss"]["properties"]["echo"]["anyOf"][0]["properties"]["lambda"]["type"] == "number"
+    post_eval = request["post_eval"]["anyOf"][0]
+    assert post_eval["title"] == "PostEvalConfig" and post_eval["properties"]["data_scope"]["enum"] == [
+        "held-out", "train-set-eval"]
+    grpo = doc["paths"]["/v1/train/grpo"]["post"]
+    assert grpo["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/GrpoRequest")
+    assert grpo["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/GrpoQueued")
+    detail = doc["paths"]["/v1/train/jobs/{job_id}"]["get"]["responses"]["200"]
+    assert detail["content"]["application/json"]["schema"]["$ref"].endswith("/TrainingDetail")
+
+
+def test_unknown_fields_are_ignored_and_bad_values_keep_their_stable_codes(api):
+    accepted = _post(api, {"groups": [GROUP], "future_field": {"x": 1},
+                           "config": {"output_name": "typed-r001", "not_a_knob": 3}})
+    assert accepted.status_code == 200, accepted.content
+    job = Job.objects.get(uuid=accepted.json()["job_id"])
+    assert job.payload["ignored_config_keys"] == ["not_a_knob"]
+    for body, needle in [("[1, 2]", "request"), ("not json", "request"),
+                         ({"groups": [GROUP], "config": {"lora_rank": "16"}}, "config.lora_rank"),
+                         ({"groups": [GROUP], "config": "abc"}, "config")]:
+        response = _post(api, body)
+        assert response.status_code == 400, (body, response.content)
+        error = response.json()["error"]
+        assert error["code"] == "training_invalid_request" and error["message"].startswith(needle), error
+
+
+def test_deleting_a_finished_job_keeps_its_row_and_events(api):
+    job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "typed-r002"}}).json()["job_id"]
+    assert api.delete(f"/v1/train/jobs/{job_id}").json()["error"]["code"] == "training_job_already_started"
+    Job.objects.filter(uuid=job_id).update(state=JobState.FAILED)
+    detail = api.get(f"/v1/train/jobs/{job_id}").json()
+    assert detail["state"] == "failed"
+    assert {"started_at", "epoch", "effective_config", "training_data", "train_receipt"} <= set(detail)
+    assert api.delete(f"/v1/train/jobs/{job_id}").json() == {
+        "job_id": job_id, "status": "deleted", "removed_archive_file": False}
+    assert api.get(f"/v1/train/jobs/{job_id}").json()["error"]["code"] == "training_job_not_found"
+    assert job_id not in [s["job_id"] for s in api.get("/v1/train/status").json()]
+    assert job_id not in [j["id"] for j in api.get("/v1/jobs").json()]
+    row = Job.objects.get(uuid=job_id)  # kept for audit
+    assert row.deleted_at is not None
+    events = list(JobEvent.objects.filter(job=row).values_list("type", "message"))
+    assert events[0][0] == "queued" and events[-1] == ("deleted", "deleted by trainer")
+    assert api.delete(f"/v1/train/jobs/{job_id}").status_code == 404

@@ -1,0 +1,150 @@
+"""API shapes of /v1/train/*: ninja schemas that describe the GRPO request and its answers.
+
+The request schemas document every field with its JSON type, default and choices, read off the
+contract dataclasses (core.contracts), and accept any JSON object: the contract is the one checker
+of a request, so a bad value answers `training_invalid_request` naming the field (unknown fields
+are accepted and ignored, as the guide's API contract says). Web-facing: no torch.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+from pydantic import BaseModel, ConfigDict
+
+from core.contracts import grpo_config as grpo
+from core.contracts import grpo_values as values
+from core.contracts.grpo_submission import DATA_SCOPES, PostEvalConfig
+from core.contracts.json_schema import dataclass_schema
+
+SEED_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": grpo.MAX_SEED},
+                         {"type": "string", "pattern": "^[0-9]+$"}, {"type": "null"}],
+               "description": "u64 seed; a decimal string carries values past 2**53"}
+
+GRPO_CONFIG = dataclass_schema(
+    grpo.GrpoConfig, title="GrpoConfig",
+    description="GRPO hyperparameters (reference-spec §3); every field optional, unknown keys ignored.",
+    choices={"behavior_policy": grpo.BEHAVIOR_POLICIES, "is_level": grpo.IS_LEVELS,
+             "advantage_mode": grpo.ADVANTAGE_MODES, "loss_aggregation": grpo.LOSS_AGGREGATIONS,
+             "kl_estimator": grpo.KL_ESTIMATORS, "reward_filter_on_empty": grpo.REWARD_FILTER_ON_EMPTY},
+    overrides={"seed": SEED_SCHEMA},
+    nested={
+        values.OptimizerConfig: dataclass_schema(values.OptimizerConfig, title="OptimizerConfig",
+                                                 choices={"kind": values.OPTIMIZER_KINDS}),
+        values.KlReferencePolicy: dataclass_schema(values.KlReferencePolicy, title="KlReferencePolicy",
+                                                   choices={"kind": values.KL_REFERENCE_KINDS}),
+        values.EchoConfig: dataclass_schema(values.EchoConfig, title="EchoConfig",
+                                            choices={"env_mask_mode": values.ENV_MASK_MODES}),
+    },
+)
+POST_EVAL_CONFIG = dataclass_schema(
+    PostEvalConfig, title="PostEvalConfig", description="Held-out evaluation after training (the gate).",
+    choices={"data_scope": DATA_SCOPES})
+GROUP = {"title": "AgenticGroup", "type": "object", "additionalProperties": True,
+         "required": ["messages", "completions"],
+         "properties": {"messages": {"type": "array", "items": {"type": "object"}},
+                        "completions": {"type": "array", "items": {
+                            "type": "object", "additionalProperties": True,
+                            "properties": {"text": {"type": "string"}, "reward": {"type": "number"},
+                                           "segments": {"type": "array", "items": {"type": "object"}},
+                                           "rollout_provenance": {"type": "object"}}}}}}
+GRPO_REQUEST = {
+    "title": "GrpoRequest", "type": "object", "additionalProperties": True,
+    "description": "Exactly one source: groups (inline), dataset_path (a JSONL file on the server) or dataset.",
+    "properties": {
+        "groups": {"type": "array", "items": GROUP},
+        "dataset_path": {"type": "string", "description": "absolute path of a JSONL file of groups on the server"},
+        "dataset": {"type": "string"},
+        "dataset_split": {"type": "string"},
+        "config": GRPO_CONFIG,
+        "post_eval": {"anyOf": [POST_EVAL_CONFIG, {"type": "null"}]},
+        "dry_run": {"type": "boolean", "default": False},
+    },
+}
+
+
+class _Documented(BaseModel):
+    """Any JSON object; the OpenAPI document shows the contract's schema instead of none.
+    (A plain pydantic model: ninja's Schema reads declared fields only and would drop the rest.)"""
+
+    model_config = ConfigDict(extra="allow")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class GrpoRequest(_Documented):
+    model_config = ConfigDict(extra="allow", title="GrpoRequest",
+                              json_schema_extra=lambda schema, cls: schema.update(GRPO_REQUEST))
+
+
+class GrpoQueued(Schema):
+    job_id: str
+    state: str
+    effective_seed: str
+    message: str
+
+
+class TrainingError(Schema):
+    code: str
+    message: str
+
+
+class TrainingStatus(Schema):
+    model_config = ConfigDict(extra="allow")
+
+    job_id: str
+    state: str
+    progress: float
+    current_loss: float | None = None
+    adapter_name: str | None = None
+    started_at: datetime | None = None
+    effective_seed: str | None = None
+    submitted_unix_ms: int | None = None
+    finished_unix_ms: int | None = None
+    elapsed_secs: float
+    job_type: str
+    training_data: dict | None = None
+    error: TrainingError | None = None
+    cancel_requested: bool
+
+
+class TrainingDetail(TrainingStatus):
+    epoch: float | None = None
+    adapter_path: str | None = None
+    auto_load: bool | None = None
+    linked_eval_job_ids: list[str] = []
+    loss_history: list[dict] = []
+    reward_history: list[dict] = []
+    kl_history: list[dict] = []
+    train_receipt: dict | None = None
+    latest_checkpoint: str | None = None
+    effective_config: dict | None = None
+    post_eval: dict | None = None
+
+
+class QueuedEntry(Schema):
+    job_id: str
+    job_type: str
+    adapter_name: str | None = None
+    position: int
+
+
+class TrainingQueue(Schema):
+    running: TrainingStatus | None = None
+    queued: list[QueuedEntry]
+    completed: list[TrainingStatus]
+
+
+class JobDeleted(Schema):
+    job_id: str
+    status: str
+    removed_archive_file: bool
+
+
+class JobCancelResult(Schema):
+    status: str
+    job_id: str
+    message: str | None = None
