@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+from core.contracts.sampling import seed_problem
 from gpu_runtime.adapters import AdapterManager
 from gpu_runtime.sample_types import SampleRequest, SampleRequestError
 from gpu_runtime.sequence import DecodeSequence, ThinkingTokens
@@ -37,8 +38,8 @@ def admit_request(
         raise SampleRequestError("invalid_request", str(exc)) from exc
     if (request.messages is None) == (request.prompt_token_ids is None):
         raise SampleRequestError("invalid_request", "Give exactly one of messages or prompt_token_ids.")
-    if request.seed is not None and not 0 <= request.seed < 1 << 64:
-        raise SampleRequestError("invalid_request", "seed must be an unsigned 64-bit integer.")
+    if request.seed is not None and (problem := seed_problem(request.seed)):
+        raise SampleRequestError("invalid_request", problem)
     has_budget = request.thinking_budget_tokens is not None or request.thinking_budget_ms is not None
     for name in ("thinking_budget_tokens", "thinking_budget_ms"):
         value = getattr(request, name)

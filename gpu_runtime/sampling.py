@@ -18,8 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-MAX_STOP_SEQUENCES = 256
-MAX_STOP_BYTES = 16 * 1024
+from core.contracts.sampling import sampling_problem
 
 
 @dataclass(frozen=True)
@@ -38,41 +37,15 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop or ()))
 
     def validate(self) -> None:
-        """Raise ValueError for values reference-spec §2.3 would reject in the provenance record."""
-        checks = [
-            (
-                math.isfinite(self.temperature) and self.temperature >= 0,
-                "temperature must be finite and >= 0",
-            ),
-            (math.isfinite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be an integer >= 0 (0 disables)"),
-            (math.isfinite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
-            (
-                isinstance(self.max_tokens, int) and self.max_tokens > 0,
-                "max_tokens must be a positive integer",
-            ),
-            (
-                math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
-                "repetition_penalty must be finite and > 0",
-            ),
-            (
-                math.isfinite(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
-                "presence_penalty must be in [-2, 2]",
-            ),
-            (
-                math.isfinite(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2,
-                "frequency_penalty must be in [-2, 2]",
-            ),
-            (len(self.stop) <= MAX_STOP_SEQUENCES, f"at most {MAX_STOP_SEQUENCES} stop sequences"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop sequences must be non-empty strings"),
-            (
-                sum(len(s.encode()) for s in self.stop) <= MAX_STOP_BYTES,
-                f"stop sequences exceed {MAX_STOP_BYTES} bytes",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        """Raise ValueError for a control outside the bounds every entry point shares
+        (core.contracts.sampling: the chat route, rollout-generate and the provenance record)."""
+        problem = sampling_problem(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            max_tokens=self.max_tokens, repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty, stop=self.stop,
+        )
+        if problem:
+            raise ValueError(problem)
 
     @property
     def greedy(self) -> bool:

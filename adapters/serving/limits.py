@@ -3,7 +3,8 @@ the request caps, and how a worker's error event becomes a KilnError."""
 
 from __future__ import annotations
 
-from adapters.serving.schemas import MAX_N, MAX_TOKENS_CAP, ChatCompletionRequest
+from adapters.serving.schemas import ChatCompletionRequest
+from core.contracts.sampling import MAX_N, MAX_TOKENS_CAP
 from core.errors import KilnError
 
 

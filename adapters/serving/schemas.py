@@ -12,8 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-MAX_N = 16
-MAX_TOKENS_CAP = 4096
+from core.contracts.sampling import (
+    MAX_SEED,
+    MAX_STOP_SEQUENCES,
+    PENALTY_LIMIT,
+    REPETITION_PENALTY_MAX,
+    TEMPERATURE_MAX,
+)
 
 
 class ChatMessage(BaseModel):
@@ -51,18 +56,18 @@ class ChatCompletionRequest(BaseModel):
     model: str = "kiln"
     messages: list[ChatMessage] = Field(min_length=1)
     n: int = Field(1, ge=1)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)  # u64, like every other seed (core.contracts.sampling)
     stream: bool = False
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    temperature: float = Field(1.0, ge=0.0, le=TEMPERATURE_MAX)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     stop: str | list[str] | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    presence_penalty: float = Field(0.0, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
+    frequency_penalty: float = Field(0.0, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=REPETITION_PENALTY_MAX)
     adapter: str | None = None
     chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
     thinking_budget_tokens: int | None = Field(None, ge=1)
@@ -82,8 +87,8 @@ class ChatCompletionRequest(BaseModel):
     @classmethod
     def _stop_list(cls, value):
         stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > 8 or any(not s for s in stops):
-            raise ValueError("stop takes at most 8 non-empty strings")
+        if len(stops) > MAX_STOP_SEQUENCES or any(not s for s in stops):
+            raise ValueError(f"stop takes at most {MAX_STOP_SEQUENCES} non-empty strings")
         return stops
 
     @model_validator(mode="after")

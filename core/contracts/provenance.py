@@ -15,14 +15,13 @@ import math
 import re
 
 from core.canonical import canonical_json, json_digest
+from core.contracts.sampling import MAX_STOP_BYTES, MAX_STOP_SEQUENCES
 
 SCHEMA = "kiln.rollout-provenance.v1"
 PAYLOAD_SCHEMA = "kiln.scored-rollout-payload.v1"
 MAX_TOKENS = 16_777_216
 MAX_IDENTITY_BYTES = 256
 MAX_BACKEND_BYTES = 64
-MAX_STOP_SEQUENCES = 256
-MAX_STOP_BYTES = 16 * 1024
 MAX_TOOLS = 256
 MAX_TEMPLATE_KWARGS = 256
 MAX_TEMPLATE_KEY_BYTES = 256

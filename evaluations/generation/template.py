@@ -31,13 +31,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.contracts.sampling import MAX_SEED, MAX_TOKENS_CAP
 from evaluations.generation.errors import RolloutError
 
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 BASE_LABELS = (None, "", "base")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 OPTIONAL_MESSAGE_KEYS = ("name", "tool_call_id", "reasoning_content")
-MAX_SEED = 2**63 - 1  # the chat-completions contract's bound
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ def parse_request(body: dict, task: Task):
     """The server's own ChatCompletionRequest for `body`; a refusal names the task."""
     from pydantic import ValidationError
 
-    from adapters.serving.schemas import MAX_TOKENS_CAP, ChatCompletionRequest
+    from adapters.serving.schemas import ChatCompletionRequest
 
     try:
         parsed = ChatCompletionRequest.model_validate(body)

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from core.canonical import sha256_digest
+from core.contracts.sampling import MAX_SEED
 from evaluations.generation.corpus import build_groups, build_summary, corpus_bytes
 from evaluations.generation.errors import RolloutError
 from evaluations.generation.generate import plan_requests, run_requests
@@ -129,8 +130,8 @@ def generate(args) -> dict:
         raise RolloutError("invalid_argument", "--adapter needs 'base' or an adapter name")
     if options.thinking_budget_tokens is not None and not options.thinking:
         raise RolloutError("thinking_budget_needs_thinking", "--thinking-budget-tokens needs --thinking true")
-    if args.seed_start < 0 or args.seed_start + args.seeds - 1 > 2**63 - 1:
-        raise RolloutError("invalid_argument", "seeds must lie within 0..2^63-1")
+    if args.seed_start < 0 or args.seed_start + args.seeds - 1 > MAX_SEED:
+        raise RolloutError("invalid_argument", f"seeds must lie within 0..{MAX_SEED}")
     output, summary_path = check_targets([args.output, args.summary_output])
     scorer = _check_scorer(args.scorer)
     tasks = load_tasks(args.tasks)
