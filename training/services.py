@@ -18,12 +18,12 @@ from django.db import transaction
 from adapters.selectors import adapter_published_path
 from adapters.services import adapter_reserve, validate_adapter_name
 from core.artifacts import ensure_dir, write_file
+from core.contracts.groups import AdmittedCorpus, GroupError, admit_groups, admit_jsonl, check_corpus_size
 from core.contracts.grpo_config import resolve_effective_seed
 from core.contracts.grpo_submission import GrpoSubmission
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
 from core.jobs.services import job_submit
-from training.groups import MAX_CORPUS_BYTES, AdmittedCorpus, GroupError, admit_groups, admit_jsonl
 
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
 
@@ -48,8 +48,10 @@ def _read_dataset_path(value) -> tuple[AdmittedCorpus, dict]:
     path = Path(value)
     if not path.is_file():
         raise _invalid(f"{value} is not a readable file on the server", "dataset_path")
-    if path.stat().st_size > MAX_CORPUS_BYTES:
-        raise _invalid(f"the file is larger than {MAX_CORPUS_BYTES} bytes", "dataset_path")
+    try:
+        check_corpus_size(path.stat().st_size)
+    except GroupError as exc:
+        raise _invalid(exc.message, "dataset_path") from None
     try:
         data = path.read_bytes()
     except OSError as exc:

@@ -17,9 +17,9 @@ from django.shortcuts import redirect, render
 
 from adapters.models import AdapterState
 from adapters.selectors import adapter_list
+from core.contracts.groups import GroupError, check_corpus_size, parse_jsonl
 from core.errors import KilnError
 from training import fragments as training_fragments
-from training.groups import MAX_CORPUS_BYTES
 from training.services import grpo_submit
 
 ROUTE = "/ui/training/grpo/"
@@ -52,18 +52,14 @@ def _number(raw: str, kind):
 
 
 def _groups_from_upload(upload) -> list:
-    """One group per non-blank line of the uploaded JSONL (the service validates each group)."""
-    if upload.size > MAX_CORPUS_BYTES:
-        raise _form_error(f"jsonl_file: the file is larger than {MAX_CORPUS_BYTES} bytes", "jsonl_file")
-    groups = []
-    for number, line in enumerate(upload, start=1):
-        if not line.strip():
-            continue
-        try:
-            groups.append(json.loads(line))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _form_error(f"jsonl_file: line {number} is not valid JSON ({exc})", "jsonl_file") from None
-    return groups
+    """One group per non-blank line of the uploaded JSONL, read by the corpus contract (the service
+    validates each group)."""
+    try:
+        check_corpus_size(upload.size, "jsonl_file")
+        return parse_jsonl(upload.read(), "jsonl_file", require_groups=False)[0]
+    except GroupError as exc:
+        raise _form_error(f"jsonl_file: {exc.field} {exc.message}" if exc.field.startswith("line ")
+                          else f"jsonl_file: {exc.message}", "jsonl_file") from None
 
 
 def _request_body(values: dict, files) -> dict:

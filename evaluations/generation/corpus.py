@@ -2,7 +2,7 @@
 
 The corpus is one canonical group per task (spec §2.1): `{"messages": [...], "completions":
 [{"text", "reward", "provenance"}, ...]}`, one completion per seed in seed order, written as
-compact JSON lines exactly as `training.groups.admit_groups` re-serialises them, so the file's
+compact JSON lines exactly as `core.contracts.groups.admit_groups` re-serialises them, so the file's
 SHA-256 (spec §2.7) is the admitted corpus digest the server reports. Everything that is not
 training data (latency, token counts, raw scorer output, per-request details) goes to the
 summary instead.

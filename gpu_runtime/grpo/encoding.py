@@ -12,11 +12,11 @@ Runs on the CPU with the tokenizer only (outside the GPU writer). Three completi
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.contracts.groups import GroupError, admit_groups
 from gpu_runtime.grpo.advantages import group_advantages
 from gpu_runtime.grpo.errors import RecordedProvenanceError, TrainingError
 from gpu_runtime.grpo.masks import MaskBuildError, build_trajectory_masks, hf_encode, hf_render
@@ -48,29 +48,12 @@ def schema_error(message: str) -> TrainingError:
 
 
 def check_groups(groups: Any) -> None:
-    """Shape checks of spec §2.1 (the admission side validates too; this guards direct callers)."""
-    if not isinstance(groups, list) or not groups:
-        raise schema_error("groups must be a non-empty list")
-    for g, group in enumerate(groups):
-        if not isinstance(group, dict):
-            raise schema_error(f"groups[{g}] must be an object")
-        if ("completions" in group) == ("rollouts" in group):
-            raise schema_error(f"groups[{g}] needs exactly one of completions / rollouts")
-        messages = group.get("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise schema_error(f"groups[{g}].messages must be a list of chat messages with a role")
-        completions = completions_of(group)
-        if not isinstance(completions, list) or not completions:
-            raise schema_error(f"groups[{g}].completions must be a non-empty list")
-        for c, item in enumerate(completions):
-            where = f"groups[{g}].completions[{c}]"
-            if not isinstance(item, dict) or not isinstance(item.get("text"), str):
-                raise schema_error(f"{where}.text is required (a string)")
-            reward = item.get("reward")
-            if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-                raise schema_error(f"{where}.reward must be a finite number")
-            if item.get("trajectory") is not None and not isinstance(item["trajectory"], list):
-                raise schema_error(f"{where}.trajectory must be a list of segments")
+    """Spec §2.1 shape checks, by the same contract admission uses (core.contracts.groups): a
+    caller that reaches the trainer directly meets the same rules and messages."""
+    try:
+        admit_groups(groups)
+    except GroupError as exc:
+        raise schema_error(str(exc)) from None
 
 
 def group_rewards(groups: list[dict]) -> list[list[float]]:

@@ -1,22 +1,16 @@
 """`behavior_policy: recorded`: replay each completion's kiln.rollout-provenance.v1 record and reject drift. Imports no Django.
 
-`verify_recorded_groups` is the admission check (tokenizer only, no model): for every completion
-it validates the record's schema (`core.contracts.provenance`), then checks that
-- the group `messages` still hash to `prompt_messages_sha256`;
-- `text` / `trajectory` still hash to `scored_payload_sha256` and the text decodes from the
-  recorded completion tokens (a hand-edited completion fails either way);
-- the pinned tokenizer + chat template, replaying `template_invocation`, reproduce the recorded
-  prompt tokens `input_token_ids[:prompt_token_count]`;
-- the tokenizer/template digests and the base model digest equal the trainer's;
-- the behavior adapter is the run's starting point: no adapter when training from the base,
-  the `base_adapter`'s content digest otherwise;
-- the sampling controls are consistent with what was sampled (token count within max_tokens,
-  no stop string left in the text, greedy controls imply log-prob 0).
+`verify_recorded_groups` runs before training: first the checker admission runs too
+(`core.contracts.recorded`: schema, prompt and scored-payload digests, tokenizer and base-model
+identity against the trainer's, the behavior adapter against base_adapter, sampling controls
+equal within a group and consistent with what was sampled), then what needs the pinned
+tokenizer: the chat template, replaying `template_invocation`, must reproduce the recorded
+prompt tokens, and the completion text must decode from the recorded completion tokens.
 A mismatch raises `RecordedProvenanceError` (code `recorded_provenance_drift`) naming the group,
-the completion and what drifted. `replay_behavior_logprobs` is the stronger check the trainer
-runs once the model is loaded: it recomputes every sampled token's behavior log-prob under the
-recorded sampling controls and compares it with the record, so an edited temperature / top-k /
-top-p / penalty is caught even though the record stays self-consistent.
+the completion (0-based, as admission does) and what drifted. `replay_behavior_logprobs` is the
+stronger check the trainer runs once the model is loaded: it recomputes every sampled token's
+behavior log-prob under the recorded sampling controls and compares it with the record, so an
+edited temperature / top-k / top-p / penalty is caught even when the records stay self-consistent.
 
 The importance ratio uses the recorded log-probs of *sampled* action tokens. Forced tokens
 (a thinking budget closing the block) were never drawn from the behavior policy, so they carry no
@@ -30,11 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.contracts.provenance import (
-    ProvenanceError,
     prompt_messages_sha256,
-    scored_payload_sha256,
-    validate_rollout_provenance,
 )
+from core.contracts.recorded import RecordedDrift, check_recorded_corpus, completions_of
 from gpu_runtime.grpo.audit import PolicyAuditAccumulator
 from gpu_runtime.grpo.errors import RecordedProvenanceError
 
@@ -53,12 +45,6 @@ class RecordedSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.recorded_provenance)
-
-
-def completions_of(group: dict) -> list[dict]:
-    """A group's `completions` (or its `rollouts` alias)."""
-    value = group.get("completions")
-    return group.get("rollouts") if value is None else value
 
 
 def template_call(provenance: dict | None, default_kwargs: dict | None) -> tuple[bool, list | None, dict]:
@@ -101,56 +87,26 @@ def verify_recorded_groups(
     from gpu_runtime.identity import tokenizer_identity
 
     tok_identity = identity.get("tokenizer") or tokenizer_identity(tokenizer)
+    try:  # everything the records alone prove: the same checker admission ran
+        check_recorded_corpus(groups, tokenizer=tok_identity, base_model_sha256=identity["base_model_sha256"],
+                              base_adapter=base_adapter_identity)
+    except RecordedDrift as exc:
+        raise RecordedProvenanceError(exc.code, f"{exc.drift} drift: {exc.detail}", group_index=exc.group_index,
+                                      completion_index=exc.completion_index, drift=exc.drift) from None
     audit = PolicyAuditAccumulator()
     prompt_cache: dict[tuple, list[int]] = {}
     for g, group in enumerate(groups):
         messages = group.get("messages")
         messages_digest = prompt_messages_sha256(messages)
         for c, completion in enumerate(completions_of(group) or []):
-            record = completion.get("provenance")
+            record = completion["provenance"]
 
             def fail(drift: str, message: str, code: str = DRIFT, g=g, c=c):
-                raise RecordedProvenanceError(code, message, group_index=g, completion_index=c, drift=drift)
+                raise RecordedProvenanceError(code, f"{drift} drift: {message}", group_index=g,
+                                              completion_index=c, drift=drift)
 
-            if record is None:
-                fail(
-                    "provenance",
-                    "behavior_policy=recorded requires provenance on every completion",
-                    "recorded_provenance_missing",
-                )
-            try:
-                validate_rollout_provenance(record)
-            except ProvenanceError as exc:
-                fail(
-                    "schema",
-                    f"invalid kiln.rollout-provenance.v1 record: {exc}",
-                    "recorded_provenance_invalid",
-                )
-            if record["prompt_messages_sha256"] != messages_digest:
-                fail(
-                    "prompt_messages",
-                    "prompt drifted: the group messages no longer hash to prompt_messages_sha256",
-                )
-            text, trajectory = completion.get("text"), completion.get("trajectory")
-            if record["scored_payload_sha256"] != scored_payload_sha256(text, trajectory):
-                fail(
-                    "scored_payload",
-                    "completion text/trajectory drifted from scored_payload_sha256 (hand-edited?)",
-                )
-            if record["tokenizer"] != tok_identity:
-                changed = sorted(k for k in tok_identity if record["tokenizer"].get(k) != tok_identity[k])
-                fail(
-                    "tokenizer",
-                    f"tokenizer identity drifted ({', '.join(changed)}) from the pinned tokenizer",
-                )
-            policy = record["behavior_policy"]
-            if policy["base_model_sha256"] != identity["base_model_sha256"]:
-                fail(
-                    "base_model",
-                    "behavior base model drifted: base_model_sha256 is not the training base model",
-                )
-            _check_adapter(policy.get("adapter"), base_adapter_identity, fail)
-
+            # What needs this worker's tokenizer: the prompt replayed through the pinned template,
+            # and the completion decoded from its recorded tokens.
             key = (messages_digest, repr(record.get("template_invocation")))
             if key not in prompt_cache:
                 prompt_cache[key] = render_prompt_ids(tokenizer, messages, record, template_kwargs)
@@ -167,7 +123,11 @@ def verify_recorded_groups(
                     f"prompt tokens drifted: the pinned template renders {len(expected)} tokens, "
                     f"the record has {count}; first difference at token {at}",
                 )
-            _check_sampling(record, text, trajectory, tokenizer, fail)
+            text, trajectory = completion.get("text"), completion.get("trajectory")
+            if not trajectory:
+                decoded = tokenizer.decode(record["input_token_ids"][count:], skip_special_tokens=True)
+                if not isinstance(text, str) or not decoded.startswith(text):
+                    fail("completion_tokens", "completion text drifted: it does not decode from the recorded tokens")
             audit.observe_recorded_completion(record)
     block = audit.to_receipt()["recorded_provenance"]
     return RecordedSummary(
@@ -177,60 +137,6 @@ def verify_recorded_groups(
         unique_behavior_sources=block["unique_behavior_sources"],
         recorded_provenance=block,
     )
-
-
-def _check_adapter(recorded: dict | None, base_adapter: dict | None, fail) -> None:
-    if recorded is None and base_adapter is None:
-        return
-    if recorded is None:
-        fail(
-            "adapter",
-            "adapter drifted: the completion was sampled from the base model, but training "
-            "starts from base_adapter (its behavior policy is not the trained policy's start)",
-        )
-    if base_adapter is None:
-        fail(
-            "adapter",
-            f"adapter drifted: the completion was sampled with adapter {recorded['name']!r}, "
-            "but training starts from the base model (set base_adapter to that adapter)",
-        )
-    want = base_adapter.get("content_sha256") or base_adapter.get("adapter_model_sha256")
-    if recorded["content_sha256"] != want:
-        fail(
-            "adapter",
-            f"adapter drifted: behavior adapter {recorded['name']!r} content {recorded['content_sha256']} "
-            f"is not the base_adapter content {want}",
-        )
-
-
-def _check_sampling(record: dict, text, trajectory, tokenizer, fail) -> None:
-    sampling = record["sampling"]
-    count = record["prompt_token_count"]
-    completion_ids = record["input_token_ids"][count:]
-    if len(completion_ids) > sampling["max_tokens"]:
-        fail(
-            "sampling",
-            f"sampling controls drifted: {len(completion_ids)} completion tokens exceed "
-            f"sampling.max_tokens {sampling['max_tokens']}",
-        )
-    sampled = [a for a in record["action_tokens"] if a["source"] == "sampled"]
-    if sampling["temperature"] == 0 or sampling["top_k"] == 1:
-        if any(a["behavior_logprob"] != 0 for a in sampled):
-            fail(
-                "sampling",
-                "sampling controls drifted: greedy controls (temperature 0 / top_k 1) but a sampled "
-                "token has a behavior log-prob below 0",
-            )
-    if not trajectory:
-        decoded = tokenizer.decode(completion_ids, skip_special_tokens=True)
-        if not isinstance(text, str) or not decoded.startswith(text):
-            fail("completion_tokens", "completion text drifted: it does not decode from the recorded tokens")
-        if sampling["stop"] and any(stop in text for stop in sampling["stop"]):
-            hit = next(stop for stop in sampling["stop"] if stop in text)
-            fail(
-                "sampling",
-                f"sampling controls drifted: stop string {hit!r} occurs inside the completion text",
-            )
 
 
 def action_layout(record: dict) -> tuple[list[int], dict[int, float]]:

@@ -106,10 +106,18 @@ def test_changed_sampling_controls_are_rejected(recorded, tiny_model_dir, tmp_pa
     error = _drift(edited, loaded)
     assert error.drift == "sampling" and "max_tokens" in error.message
 
-    # A temperature edit keeps the record self-consistent; the trainer replays the behavior
-    # log-probs with the pinned model and rejects it before the first step.
+    # One completion's temperature edited: its group's records disagree, so the shared checker
+    # (the one admission runs) names it before the model is even needed.
     edited = copy.deepcopy(groups)
     edited[1]["completions"][3]["provenance"]["sampling"]["temperature"] = 0.7
+    error = _drift(edited, loaded)
+    assert error.drift == "sampling" and (error.group_index, error.completion_index) == (1, 3)
+
+    # The whole group's temperature edited keeps the records self-consistent; the trainer replays
+    # the behavior log-probs with the pinned model and rejects it before the first step.
+    edited = copy.deepcopy(groups)
+    for completion in edited[1]["completions"]:
+        completion["provenance"]["sampling"]["temperature"] = 0.7
     verify_recorded_groups(edited, loaded.tokenizer, loaded.identity, None)
     with pytest.raises(RecordedProvenanceError) as caught:
         run(
@@ -117,10 +125,7 @@ def test_changed_sampling_controls_are_rejected(recorded, tiny_model_dir, tmp_pa
                 tiny_model_dir, edited, tmp_path, "temp", behavior_policy="recorded", dynamic_sampling=False
             )
         )
-    assert caught.value.drift == "sampling" and (caught.value.group_index, caught.value.completion_index) == (
-        1,
-        3,
-    )
+    assert caught.value.drift == "sampling" and caught.value.group_index == 1
     assert caught.value.receipt["failure_reason"] == "data_schema_error"
 
 

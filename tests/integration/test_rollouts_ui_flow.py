@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from core.contracts.groups import admit_jsonl
 from tests.support.stack import wait_until
-from training.groups import admit_jsonl
 
 pytestmark = pytest.mark.integration
 

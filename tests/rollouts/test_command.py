@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from core.contracts.groups import admit_jsonl
 from kiln_project.cli import main as cli_main
 from kiln_project.cli import rollout_cmd
 from tests.rollouts.fakes import FakeServer
-from training.groups import admit_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "grpo-math"

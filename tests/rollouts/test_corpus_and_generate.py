@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from core.contracts.groups import admit_groups
 from evaluations.generation.corpus import build_groups, build_summary, corpus_bytes, reward_histogram
 from evaluations.generation.errors import RolloutError
 from evaluations.generation.generate import plan_requests, run_requests
 from evaluations.generation.template import RenderOptions, Task
 from evaluations.generation.validation import check_consistency
 from tests.rollouts.fakes import FakeScore, FakeServer
-from training.groups import admit_groups
 
 TEMPLATE = {"model": "kiln", "messages": [{"role": "user", "content": "{{prompt}}"}], "temperature": 0.9,
             "max_tokens": 64}

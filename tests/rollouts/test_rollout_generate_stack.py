@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from core.contracts.groups import admit_jsonl
 from core.contracts.provenance import validate_rollout_provenance
 from tests.support.stack import wait_until
-from training.groups import admit_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +105,7 @@ def test_rollouts_validate_train_recorded_and_drift_is_rejected(served, example)
                              "config": config})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["code"] == "recorded_provenance_drift" and "groups[2].completions[2]" in error["message"]
+    assert error["code"] == "recorded_provenance_drift" and "groups[1].completions[2]" in error["message"]
     assert "completion" in error["message"]
 
     edited_sampling = copy.deepcopy(groups)
@@ -115,7 +115,7 @@ def test_rollouts_validate_train_recorded_and_drift_is_rejected(served, example)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "recorded_provenance_drift" and "sampling" in error["message"]
-    assert "groups[1].completions[1]" in error["message"]
+    assert "groups[0].completions[1]" in error["message"]
 
     # A control edited consistently across a whole group passes the submission checks today (they
     # compare records within a group); the trainer's behavior log-prob replay must then refuse it.

@@ -70,7 +70,7 @@ def test_dataset_path_is_read_by_the_server_and_validated_in_full(api, tmp_path)
     assert job.payload["training_data"]["source"] == "dataset_path"
     path.write_text(json.dumps(GROUP) + "\n" + '{"messages": [], "completions": []}\n')
     message = _error(_post(api, {"dataset_path": str(path), "config": {"output_name": "bad-file"}}), 400)
-    assert "groups[2].messages" in message
+    assert "groups[1].messages (line 2)" in message  # 0-based JSON path, and the line
     assert "absolute" in _error(_post(api, {"dataset_path": "rel/groups.jsonl"}), 400)
     assert "not a readable file" in _error(_post(api, {"dataset_path": str(tmp_path / "nope.jsonl")}), 400)
 
@@ -79,9 +79,9 @@ def test_dataset_path_is_read_by_the_server_and_validated_in_full(api, tmp_path)
     ({"groups": [GROUP], "dataset_path": "/tmp/x.jsonl"}, "source"),
     ({}, "source"),
     ({"groups": [GROUP], "dataset_split": "test"}, "dataset_split"),
-    ({"groups": [{**GROUP, "completions": [{"text": "5", "reward": float("nan")}]}]}, "groups[1].completions[0].reward"),
-    ({"groups": [{**GROUP, "completions": [{"text": "5"}]}]}, "groups[1].completions[0].reward"),
-    ({"groups": [{**GROUP, "completions": [{"reward": 1}]}]}, "groups[1].completions[0].text"),
+    ({"groups": [{**GROUP, "completions": [{"text": "5", "reward": float("nan")}]}]}, "groups[0].completions[0].reward"),
+    ({"groups": [{**GROUP, "completions": [{"text": "5"}]}]}, "groups[0].completions[0].reward"),
+    ({"groups": [{**GROUP, "completions": [{"reward": 1}]}]}, "groups[0].completions[0].text"),
     ({"groups": [GROUP], "config": {"behavior_policy": "recorded"}}, "config.behavior_policy"),
     ({"groups": [GROUP], "config": {"base_adapter": "never-trained"}}, "config.base_adapter"),
     ({"groups": [GROUP], "config": {"kl_coeff": 0.1, "kl_reference_policy": "none"}}, "kl_reference_policy"),

@@ -42,8 +42,8 @@ def test_a_faithful_corpus_passes():
 
 
 @pytest.mark.parametrize("edit, drift", [
-    (lambda g: g["completions"][1].update(text="5"), "completion drift"),
-    (lambda g: g["messages"][0].update(content="What is 2 + 4?"), "prompt drift"),
+    (lambda g: g["completions"][1].update(text="5"), "scored_payload drift"),
+    (lambda g: g["messages"][0].update(content="What is 2 + 4?"), "prompt_messages drift"),
     (lambda g: g["completions"][1]["provenance"]["sampling"].update(temperature=0.5), "sampling drift"),
     (lambda g: g["completions"][0]["provenance"]["tokenizer"].update(vocab_sha256="sha256:" + "cd" * 32),
      "tokenizer drift"),
@@ -57,7 +57,7 @@ def test_each_drift_is_named(edit, drift):
     with pytest.raises(KilnError) as info:
         check_recorded_corpus([group], model_identity=IDENTITY, base_adapter=None)
     assert drift in info.value.message
-    assert info.value.message.startswith("groups[1].completions[")
+    assert info.value.message.startswith("groups[0].completions[")  # 0-based, as the trainer says too
     assert info.value.status == 400
 
 
@@ -78,5 +78,5 @@ def test_the_api_refuses_a_hand_edited_recorded_corpus_and_queues_nothing():
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "recorded_provenance_drift"
-    assert "completion drift" in error["message"]
+    assert "scored_payload drift" in error["message"]
     assert Job.objects.count() == 0

@@ -20,12 +20,12 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from core.canonical import sha256_digest
+from core.contracts.groups import admit_jsonl
 from core.errors import KilnError
 from core.jobs import fragments, runner
 from core.jobs.models import Job, JobState
 from evaluations.models import Scorer
 from tests.rollouts.fakes import FakeServer
-from training.groups import admit_jsonl
 
 pytestmark = pytest.mark.django_db
 

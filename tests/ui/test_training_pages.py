@@ -125,7 +125,7 @@ NAN_GROUP = '{"messages": [{"role": "user", "content": "2+3?"}], "completions": 
 
 
 @pytest.mark.parametrize("fields, field, code, text", [
-    ({"jsonl_file": "nan"}, "jsonl_file", "training_invalid_request", "groups[1].completions[0].reward: must be finite"),
+    ({"jsonl_file": "nan"}, "jsonl_file", "training_invalid_request", "groups[0].completions[0].reward: must be finite"),
     ({"jsonl_file": "ok", "dataset_path": "/tmp/other.jsonl"}, "source", "training_invalid_request",
      "got groups, dataset_path"),
     ({}, "source", "training_invalid_request", "got none"),

@@ -1,13 +1,16 @@
-"""Admission of GRPO groups (spec §2.1): parse, validate and canonicalise, from inline JSON or JSONL.
+"""GRPO groups (spec §2.1): parse, validate and canonicalise, from inline JSON or JSONL. Pure module.
 
-Pure module (no Django, no torch). Errors name the 1-based group index and the field, so a user can
-find the line. Blank JSONL lines are skipped without consuming an index.
+The one checker of a group's shape: admission runs it before anything is queued, and the trainer
+runs it again for callers that reach it directly. Errors name the field as a JSON path with
+0-based indexes (`groups[0].completions[1].reward`, as every Kiln error does); a JSONL source
+adds the line (`(line 3)`). Blank JSONL lines are skipped without consuming an index.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 from core.canonical import sha256_digest
@@ -19,10 +22,14 @@ SEGMENT_KINDS = ("context", "action", "observation")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
 
+GROUP_INDEX = re.compile(r"^groups\[(\d+)\]")
+
+
 class GroupError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,7 @@ def admit_groups(groups: list) -> AdmittedCorpus:
         raise GroupError("groups", "must be a non-empty list")
     if len(groups) > MAX_GROUPS:
         raise GroupError("groups", f"at most {MAX_GROUPS} groups per request")
-    parsed = [parse_group(g, i + 1) for i, g in enumerate(groups)]
+    parsed = [parse_group(g, i) for i, g in enumerate(groups)]
     if len({any("openenv" in c for c in g["completions"]) for g in parsed}) > 1:
         raise GroupError("groups", "a corpus is all-OpenEnv or all-ordinary")
     lines = b"".join(json.dumps(g, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" for g in parsed)
@@ -129,11 +136,16 @@ def admit_groups(groups: list) -> AdmittedCorpus:
     return AdmittedCorpus(parsed, lines, sha256_digest(lines), rollouts, with_provenance)
 
 
-def admit_jsonl(data: bytes) -> AdmittedCorpus:
-    """Validate a whole JSONL corpus (bounded) before anything is queued."""
-    if len(data) > MAX_CORPUS_BYTES:
-        raise GroupError("dataset_path", f"the file is larger than {MAX_CORPUS_BYTES} bytes")
-    groups = []
+def check_corpus_size(size: int, field: str = "dataset_path") -> None:
+    """The one bound on a corpus's bytes, checked before a file or an upload is read."""
+    if size > MAX_CORPUS_BYTES:
+        raise GroupError(field, f"the file is larger than {MAX_CORPUS_BYTES} bytes")
+
+
+def parse_jsonl(data: bytes, field: str = "dataset_path", *, require_groups: bool = True) -> tuple[list, list[int]]:
+    """The JSON value of every non-blank line, and each one's line number (bounded in size)."""
+    check_corpus_size(len(data), field)
+    groups, lines = [], []
     for line_number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
@@ -141,6 +153,19 @@ def admit_jsonl(data: bytes) -> AdmittedCorpus:
             groups.append(json.loads(line))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise GroupError(f"line {line_number}", f"is not valid JSON ({exc})") from None
-    if not groups:
-        raise GroupError("dataset_path", "the file holds no groups")
-    return admit_groups(groups)
+        lines.append(line_number)
+    if not groups and require_groups:
+        raise GroupError(field, "the file holds no groups")
+    return groups, lines
+
+
+def admit_jsonl(data: bytes) -> AdmittedCorpus:
+    """Validate a whole JSONL corpus (bounded) before anything is queued."""
+    groups, lines = parse_jsonl(data)
+    try:
+        return admit_groups(groups)
+    except GroupError as exc:
+        index = GROUP_INDEX.match(exc.field)
+        if index is None:
+            raise
+        raise GroupError(f"{exc.field} (line {lines[int(index.group(1))]})", exc.message) from None
