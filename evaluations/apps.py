@@ -13,4 +13,5 @@ class EvaluationsConfig(AppConfig):
         # registered scorer in the sandbox. The evaluation runs will use the same pipeline.
         register_job_kind(JobKind(name="rollouts.generate", queue="control",
                                   handler="evaluations.rollout_jobs:run_rollouts_job", category="training",
-                                  detail_section="evaluations.rollout_selectors:job_section"))
+                                  detail_section="evaluations.rollout_selectors:job_section",
+                                  payload_type="evaluations.payloads:RolloutsJobPayload"))

@@ -31,6 +31,7 @@ from evaluations.generation.generate import plan_requests, run_requests
 from evaluations.generation.publish import check_targets, publish_together
 from evaluations.generation.template import RenderOptions, load_tasks, load_template
 from evaluations.generation.validation import check_consistency
+from evaluations.payloads import RolloutsJobPayload
 from evaluations.rollout_selectors import ROLLOUTS_FILE, SUMMARY_FILE, rollouts_job_dir
 
 REQUEST_TIMEOUT_S = 900.0  # as the CLI: up to 300 s for a busy GPU worker, then decoding
@@ -150,17 +151,17 @@ class _Wiring:
         self.ctx.report_progress(0.02 + 0.95 * done / total, f"{done}/{total} scored · {label}", metrics=metrics)
 
 
-def _run_info(ctx, payload: dict, options: RenderOptions, seeds: list[int], scorer: Path, output: Path,
-              tasks_count: int) -> dict:
-    inputs = payload["inputs"]
+def _run_info(ctx, payload: RolloutsJobPayload, options: RenderOptions, seeds: list[int], scorer: Path,
+              output: Path, tasks_count: int) -> dict:
+    inputs = payload.inputs
     return {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "job": {"id": ctx.job_id, "kind": "rollouts.generate", "route": payload.get("route", "")},
+        "job": {"id": ctx.job_id, "kind": "rollouts.generate", "route": payload.route},
         "transport": "in-cluster: the infer queue (adapters.serving.sync_client)",
         "adapter": "base" if options.is_base else options.adapter,
         "thinking": {"enabled": options.thinking, "budget_tokens": options.thinking_budget_tokens},
         "seeds": {"start": seeds[0], "count": len(seeds), "last": seeds[-1]},
-        "concurrency": payload["concurrency"],
+        "concurrency": payload.concurrency,
         "inputs": {
             "tasks": {"path": inputs["tasks"]["path"], "filename": inputs["tasks"].get("filename"),
                       "sha256": inputs["tasks"]["sha256"], "count": tasks_count},
@@ -168,7 +169,7 @@ def _run_info(ctx, payload: dict, options: RenderOptions, seeds: list[int], scor
                                  "filename": inputs["request_template"].get("filename"),
                                  "sha256": inputs["request_template"]["sha256"]},
         },
-        "scorer": {"name": payload["scorer"]["name"], "path": str(scorer), "sha256": payload["scorer"]["sha256"]},
+        "scorer": {"name": payload.scorer["name"], "path": str(scorer), "sha256": payload.scorer["sha256"]},
         "output": {"path": str(output)},
     }
 
@@ -193,17 +194,17 @@ def _result(summary: dict, output: Path, summary_path: Path) -> dict:
 
 def run_rollouts_job(ctx) -> dict:
     """Generate, validate, score and publish recorded-policy rollouts; returns the file paths and stats."""
-    payload = ctx.payload
+    payload = RolloutsJobPayload.of(ctx.job)
     try:
-        options = RenderOptions(adapter=payload["adapter"], thinking=bool(payload["thinking"]),
-                                thinking_budget_tokens=payload.get("thinking_budget_tokens"))
-        seeds = list(range(payload["seeds"]["start"], payload["seeds"]["start"] + payload["seeds"]["count"]))
+        options = RenderOptions(adapter=payload.adapter, thinking=payload.thinking,
+                                thinking_budget_tokens=payload.thinking_budget_tokens)
+        seeds = payload.seeds
         directory = rollouts_job_dir(job_id=ctx.job_id)
         directory.mkdir(parents=True, exist_ok=True)
         output, summary_path = check_targets([directory / ROLLOUTS_FILE, directory / SUMMARY_FILE])
-        scorer = _registered_scorer(payload["scorer"])
-        tasks = load_tasks(_checked_input(payload["inputs"]["tasks"], "tasks file"))
-        template = load_template(_checked_input(payload["inputs"]["request_template"], "request template"))
+        scorer = _registered_scorer(payload.scorer)
+        tasks = load_tasks(_checked_input(payload.inputs["tasks"], "tasks file"))
+        template = load_template(_checked_input(payload.inputs["request_template"], "request template"))
         planned = plan_requests(template, tasks, seeds, options)
         _wait_for_model(ctx)
         ctx.report_progress(0.02, f"0/{len(planned)} scored · sending requests",
@@ -211,7 +212,7 @@ def run_rollouts_job(ctx) -> dict:
         wiring = _Wiring(ctx, scorer, len(planned))
         try:
             scored = run_requests(planned, post=wiring.post, score=wiring.score, options=options,
-                                  concurrency=payload["concurrency"], on_progress=wiring.progress)
+                                  concurrency=payload.concurrency, on_progress=wiring.progress)
         finally:
             wiring.stopped.set()  # requests still in flight after a failure send nothing new
         identity = check_consistency([r.checked for r in scored], {t.id: t for t in tasks})

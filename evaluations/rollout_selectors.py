@@ -15,6 +15,7 @@ from django.urls import reverse
 
 from core.jobs.kinds import JobSection
 from core.jobs.models import Job, JobState
+from evaluations.payloads import RolloutsJobPayload
 
 ROLLOUTS_KIND = "rollouts.generate"
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -87,7 +88,7 @@ def job_section(job) -> JobSection:
 
 def rollouts_section(job) -> dict:
     """What the rollouts part of a generation job's page shows."""
-    payload, result, metrics = job.payload or {}, job.result or {}, job.metrics or {}
+    payload, result, metrics = RolloutsJobPayload.of(job), job.result or {}, job.metrics or {}
     stats = result.get("stats") if isinstance(result.get("stats"), dict) else None
     files = []
     for name in DOWNLOADS:
@@ -95,16 +96,15 @@ def rollouts_section(job) -> dict:
         if path is not None:
             files.append({"name": name, "size": path.stat().st_size})
     rollouts_path = str(rollout_file(job=job, name=ROLLOUTS_FILE) or "")
-    adapter = payload.get("adapter") or "base"
-    seeds = payload.get("seeds") or {}
+    adapter = payload.adapter
     return {
         "adapter": adapter,
         "from_base": adapter == "base",
-        "scorer": payload.get("scorer") or {},
-        "seeds": seeds,
-        "tasks": ((payload.get("inputs") or {}).get("tasks") or {}),
-        "thinking": payload.get("thinking"),
-        "requests_total": metrics.get("requests_total", payload.get("requests")),
+        "scorer": payload.scorer,
+        "seeds": payload.to_dict()["seeds"],
+        "tasks": payload.inputs.get("tasks") or {},
+        "thinking": payload.thinking,
+        "requests_total": metrics.get("requests_total", payload.requests),
         "requests_done": metrics.get("requests_done"),
         "running_mean_reward": metrics.get("mean_reward"),
         "stats": stats,

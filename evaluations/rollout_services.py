@@ -26,6 +26,7 @@ from core.jobs.services import job_submit
 from evaluations.generation.errors import RolloutError
 from evaluations.generation.generate import plan_requests
 from evaluations.generation.template import MAX_SEED, RenderOptions, load_tasks, load_template
+from evaluations.payloads import RolloutsJobPayload
 from evaluations.rollout_selectors import (
     ROLLOUTS_KIND,
     rollouts_root,
@@ -142,23 +143,18 @@ def rollouts_submit(*, tasks: bytes | None, tasks_filename: str = "tasks.jsonl",
                 message = message.replace(pinned, shown)
             field = _field_for(exc)
             raise KilnError(exc.code, f"{field}: {message}", hint=exc.hint, status=400, field=field) from None
-        payload = {
-            "route": route,
-            "adapter": adapter_name,
-            "thinking": bool(thinking),
-            "thinking_budget_tokens": budget,
-            "seeds": {"start": seed_start, "count": seeds, "last": seed_start + seeds - 1},
-            "concurrency": concurrency,
-            "requests": len(loaded_tasks) * seeds,
-            "scorer": {"name": registered.name, "filename": registered.filename, "sha256": registered.sha256},
-            "inputs": {
+        payload = RolloutsJobPayload(
+            route=route, adapter=adapter_name, thinking=bool(thinking), thinking_budget_tokens=budget,
+            seed_start=seed_start, seed_count=seeds, concurrency=concurrency, requests=len(loaded_tasks) * seeds,
+            scorer={"name": registered.name, "filename": registered.filename, "sha256": registered.sha256},
+            inputs={
                 "dir": str(inputs),
                 "tasks": {"path": str(tasks_path), "filename": names[str(tasks_path)],
                           "sha256": sha256_digest(tasks), "count": len(loaded_tasks)},
                 "request_template": {"path": str(template_path), "filename": names[str(template_path)],
                                      "sha256": sha256_digest(template_bytes)},
             },
-        }
+        )
         title = f"Rollouts · {len(loaded_tasks)} task{'s' if len(loaded_tasks) != 1 else ''} × {seeds} seed" \
                 f"{'s' if seeds != 1 else ''} · {adapter_name} · {registered.name}"
         return job_submit(kind=ROLLOUTS_KIND, payload=payload, title=title, user=user)

@@ -13,6 +13,7 @@ from core.errors import KilnError
 from core.jobs import services as job_services
 from core.jobs.models import TERMINAL_STATES
 from training import selectors
+from training.payloads import GrpoJobPayload
 from training.schemas import (
     GrpoQueued,
     GrpoRequest,
@@ -31,7 +32,7 @@ def _submit(request, body: GrpoRequest, route: str) -> dict:
     require_permission(request, "submit_job")
     job, seed = grpo_submit(body=body.as_dict(), user=request.user, route=route)
     return {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
-            "message": f"GRPO training queued; it will publish adapter {job.payload['adapter_name']}"}
+            "message": f"GRPO training queued; it will publish adapter {GrpoJobPayload.of(job).adapter_name}"}
 
 
 @router.post("/train/grpo", summary="Queue GRPO training from scored groups", response=GrpoQueued)

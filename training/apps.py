@@ -13,4 +13,5 @@ class TrainingConfig(AppConfig):
                                   category="training", queue_full_code="training_queue_full",
                                   queue_full_retry_after=30,
                                   on_unsuccessful="training.hooks:release_output_adapter",
-                                  detail_section="training.fragments:job_section"))
+                                  detail_section="training.fragments:job_section",
+                                  payload_type="training.payloads:GrpoJobPayload"))

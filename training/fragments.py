@@ -17,6 +17,7 @@ from adapters.receipt_view import receipt_view
 from core.jobs.kinds import JobSection
 from core.sparkline import sparkline
 from training import selectors
+from training.payloads import GrpoJobPayload
 
 QUEUE = "ui/training/queue.html"
 # (id, label, metrics history key, value key inside each history entry)
@@ -51,7 +52,7 @@ def _detail(job) -> tuple[dict, str]:
     except (ValueError, OSError) as exc:
         metrics = job.metrics or {}
         detail = {**selectors.training_status(job), "adapter_path": job.result.get("adapter_path"),
-                  "effective_config": job.payload.get("config"), "train_receipt": None,
+                  "effective_config": GrpoJobPayload.of(job).config.to_dict(), "train_receipt": None,
                   **{history: metrics.get(history, []) for history in HISTORY_KEYS}}
         return detail, f"the training receipt could not be read yet ({type(exc).__name__}: {exc})"
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from adapters.services import adapter_release
+from training.payloads import GrpoJobPayload
 
 
 def release_output_adapter(job) -> None:
     """A failed or cancelled run published nothing: free its output name for a new attempt."""
-    name = job.payload.get("adapter_name")
-    if name:
-        adapter_release(name=name)
+    adapter_release(name=GrpoJobPayload.of(job).adapter_name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from core.errors import KilnError
 from core.jobs.models import JobState
+from evaluations.payloads import RolloutsJobPayload
 from evaluations.rollout_selectors import ROLLOUTS_FILE, is_rollouts_job, rollout_file
 from evaluations.rollout_services import ROUTE
 
@@ -30,7 +31,7 @@ def rollouts_train_submit(*, job, output_name: str, user=None, route: str = ROUT
         raise KilnError("training_invalid_request", "output_name: name the adapter this training publishes",
                         status=400, field="config.output_name", hint="a new versioned name every round, e.g. math-r001")
     config = {"behavior_policy": "recorded", "output_name": output_name, "auto_load": False}
-    adapter = (job.payload or {}).get("adapter") or "base"
+    adapter = RolloutsJobPayload.of(job).adapter
     if adapter != "base":
         config["base_adapter"] = adapter
     training_job, _seed = grpo_submit(body={"dataset_path": str(path), "config": config}, user=user, route=route)

@@ -20,6 +20,7 @@ from core.errors import KilnError
 from core.jobs.runner import JobCancelled
 from core.models import ReceiptKind
 from core.receipts import receipt_record
+from training.payloads import GrpoJobPayload
 
 HISTORY_KEYS = {"loss": "loss_history", "reward_mean": "reward_history", "kl_mean": "kl_history"}
 
@@ -59,24 +60,22 @@ def _record_failure_receipt(path: Path, name: str, job) -> None:
 
 
 def run_grpo_job(ctx) -> dict:
-    from core.contracts.grpo_config import GrpoConfig
     from gpu_runtime.grpo.errors import TrainingError
     from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
     from gpu_runtime.writer_lock import gpu_writer
 
-    payload = ctx.payload
+    payload = GrpoJobPayload.of(ctx.job)
     if settings.KILN.model_path is None:
         raise KilnError("mock_mode", "real model weights are unavailable: no model is configured",
                         hint="set model.path in kiln.toml or KILN_MODEL_PATH, restart, and resubmit")
-    name = payload["adapter_name"]
-    config = GrpoConfig.from_dict(payload["config"])
-    snapshot = Path(payload["snapshot_path"])
+    name, config = payload.adapter_name, payload.config
+    snapshot = Path(payload.snapshot_path)
     groups = [json.loads(line) for line in snapshot.read_bytes().splitlines() if line.strip()]
     base_dir = adapter_published_path(name=config.base_adapter) if config.base_adapter else None
     if config.base_adapter and base_dir is None:
         raise KilnError("adapter_not_found", f"base adapter {config.base_adapter!r} is no longer published")
     output_dir = adapters_root() / name
-    data = payload["training_data"]
+    data = payload.training_data
     request = TrainRequest(
         model_dir=settings.KILN.model_path, groups=groups, config=config, output_dir=output_dir,
         adapter_name=name, base_adapter_dir=base_dir, base_adapter_name=config.base_adapter,
@@ -103,7 +102,7 @@ def run_grpo_job(ctx) -> dict:
     receipt = result.receipt
     smoke_passed = bool((receipt.get("adapter_smoke_test") or {}).get("passed", True))
     content_digest = manifest_digest(file_manifest(result.adapter_path, adapter_files(result.adapter_path)))
-    gate_pending = bool(payload.get("post_eval") and payload["post_eval"].get("min_accuracy") is not None)
+    gate_pending = payload.gate_pending
     with transaction.atomic():  # the adapter row and its receipt row appear together
         adapter = adapter_publish(
             name=name, path=result.adapter_path,

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from adapters.models import Adapter
 from core.jobs.models import Job, JobState
+from training.payloads import GrpoJobPayload
 
 TRAINING_KINDS = ("training.grpo",)
 
@@ -29,6 +30,7 @@ def _unix_ms(moment) -> int | None:
 
 
 def training_status(job: Job) -> dict:
+    payload = GrpoJobPayload.of(job)
     started = job.started_at
     end = job.finished_at or timezone.now()
     error = {"code": job.error_code, "message": job.error_message} if job.error_code else None
@@ -37,14 +39,14 @@ def training_status(job: Job) -> dict:
         "state": job.state,
         "progress": job.progress,
         "current_loss": job.metrics.get("loss"),
-        "adapter_name": job.payload.get("adapter_name"),
+        "adapter_name": payload.adapter_name,
         "started_at": started,
         "elapsed_secs": (end - started).total_seconds() if started else 0.0,
-        "effective_seed": job.payload.get("effective_seed"),
+        "effective_seed": str(payload.effective_seed),
         "submitted_unix_ms": _unix_ms(job.created_at),
         "finished_unix_ms": _unix_ms(job.finished_at),
         "job_type": "grpo",
-        "training_data": job.payload.get("training_data"),
+        "training_data": payload.training_data,
         "error": error,
         "cancel_requested": job.cancel_requested,
     }
@@ -60,21 +62,22 @@ def _receipt(adapter_path: str | None, job: Job) -> dict | None:
 
 
 def training_detail(job: Job) -> dict:
+    payload = GrpoJobPayload.of(job)
     adapter = Adapter.objects.filter(training_job=job).first()
     adapter_path = adapter.path if adapter and adapter.path else job.result.get("adapter_path")
     return {
         **training_status(job),
         "epoch": job.metrics.get("epoch"),
         "adapter_path": adapter_path,
-        "auto_load": job.payload.get("config", {}).get("auto_load"),
+        "auto_load": payload.config.auto_load,
         "linked_eval_job_ids": job.result.get("linked_eval_job_ids", []),
         "loss_history": job.metrics.get("loss_history", []),
         "reward_history": job.metrics.get("reward_history", []),
         "kl_history": job.metrics.get("kl_history", []),
         "train_receipt": _receipt(adapter_path, job),
         "latest_checkpoint": job.result.get("latest_checkpoint") or job.metrics.get("latest_checkpoint"),
-        "effective_config": job.payload.get("config"),
-        "post_eval": job.payload.get("post_eval"),
+        "effective_config": payload.config.to_dict(),
+        "post_eval": payload.post_eval.to_dict() if payload.post_eval else None,
     }
 
 
@@ -84,7 +87,7 @@ def training_queue() -> dict:
     completed = training_jobs().filter(state__in=[JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED])[:20]
     return {
         "running": training_status(running) if running else None,
-        "queued": [{"job_id": str(j.uuid), "job_type": "grpo", "adapter_name": j.payload.get("adapter_name"),
+        "queued": [{"job_id": str(j.uuid), "job_type": "grpo", "adapter_name": GrpoJobPayload.of(j).adapter_name,
                     "position": i + 1} for i, j in enumerate(queued)],
         "completed": [training_status(j) for j in completed],
     }

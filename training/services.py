@@ -24,6 +24,7 @@ from core.contracts.grpo_submission import GrpoSubmission
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
 from core.jobs.services import job_submit
+from training.payloads import GrpoJobPayload
 
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
 
@@ -122,22 +123,17 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
     output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     validate_adapter_name(output_name, field="config.output_name")
     seed = resolve_effective_seed(config)
-    effective = config.with_seed(seed) if hasattr(config, "with_seed") else config
+    effective = config.with_seed(seed)
     snapshot = _pin_snapshot(corpus)
     try:
         with transaction.atomic():
-            payload = {
-                "route": route,
-                "adapter_name": output_name,
-                "config": effective.to_dict(),
-                "ignored_config_keys": sorted(getattr(config, "ignored_keys", ()) or ()),
-                "post_eval": submission.post_eval.to_dict() if submission.post_eval else None,
-                "dry_run": submission.dry_run,
-                "effective_seed": str(seed),
-                "snapshot_path": str(snapshot),
-                "training_data": {**provenance, "admitted_corpus_sha256": corpus.sha256,
-                                  "rows": len(corpus.groups), "rollouts": corpus.rollouts},
-            }
+            payload = GrpoJobPayload(
+                route=route, adapter_name=output_name, config=effective, snapshot_path=str(snapshot),
+                training_data={**provenance, "admitted_corpus_sha256": corpus.sha256,
+                               "rows": len(corpus.groups), "rollouts": corpus.rollouts},
+                post_eval=submission.post_eval, ignored_config_keys=tuple(sorted(config.ignored_keys)),
+                dry_run=submission.dry_run,
+            )
             job = job_submit(kind="training.grpo", payload=payload, title=f"GRPO → {output_name}", user=user)
             adapter_reserve(name=output_name, job=job, base_adapter=config.base_adapter or "")
     except BaseException:

@@ -29,6 +29,10 @@ class JobKind:
     # Optional "module:function" taking the job and returning a JobSection (or None): the kind's own
     # part of the job page, rendered by the generic page and its live consumer alike.
     detail_section: str = ""
+    # Optional "module:Class": the kind's typed payload, a frozen dataclass with from_dict/to_dict.
+    # job_submit stores its to_dict() (a dict given instead is parsed first, so a bad payload never
+    # reaches the queue); readers call kind.read_payload(job) instead of picking at the dict.
+    payload_type: str = ""
 
     def load_handler(self) -> Callable:
         return _load(self.handler)
@@ -36,6 +40,18 @@ class JobKind:
     def run_unsuccessful_hook(self, job) -> None:
         if self.on_unsuccessful:
             _load(self.on_unsuccessful)(job)
+
+    def read_payload(self, job):
+        """The job's payload as the kind's typed value (the stored dict when the kind declares none)."""
+        return _load(self.payload_type).from_dict(job.payload) if self.payload_type else job.payload
+
+    def stored_payload(self, payload) -> dict:
+        """What job_submit stores: the typed value's plain form, checked by a round trip."""
+        if not self.payload_type:
+            return payload
+        cls = _load(self.payload_type)
+        value = payload if isinstance(payload, cls) else cls.from_dict(payload)
+        return value.to_dict()
 
     def section(self, job) -> JobSection | None:
         return _load(self.detail_section)(job) if self.detail_section else None

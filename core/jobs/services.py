@@ -20,8 +20,9 @@ def _event(job: Job, type_: str, message: str = "", data: dict | None = None) ->
     transaction.on_commit(lambda: broadcast_job_changed(job_id=str(job.uuid), event=type_))
 
 
-def job_submit(*, kind: str, payload: dict, title: str = "", user=None, max_queued: int | None = None) -> Job:
-    """Persist a queued job and wake its queue after commit. Refuses with 503 when the queue is full."""
+def job_submit(*, kind: str, payload, title: str = "", user=None, max_queued: int | None = None) -> Job:
+    """Persist a queued job and wake its queue after commit. Refuses with 503 when the queue is full.
+    `payload` is the kind's typed payload (or a dict of it); it is stored as plain data."""
     from django.conf import settings
 
     from core.jobs.dispatch import wake_queue
@@ -29,6 +30,7 @@ def job_submit(*, kind: str, payload: dict, title: str = "", user=None, max_queu
     job_kind = get_job_kind(kind)
     if job_kind is None:
         raise KilnError("job_kind_unknown", f"no job kind named {kind!r} is registered", status=400)
+    payload = job_kind.stored_payload(payload)
     cap = max_queued if max_queued is not None else settings.KILN.max_queued_jobs
     with transaction.atomic():
         queued = Job.objects.filter(queue=job_kind.queue, state=JobState.QUEUED).count()

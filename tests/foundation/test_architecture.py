@@ -33,3 +33,15 @@ def test_import_linter_contracts_hold():
 def test_no_import_linter_exceptions():
     """Every rule holds without ignore_imports: an exception would be a way around a layer."""
     assert "ignore_imports" not in (REPO / "pyproject.toml").read_text()
+
+
+def test_the_generic_job_pages_name_no_job_kind():
+    """Job kinds own their sections (JobKind.detail_section); the generic page and fragments know none."""
+    generic = [REPO / "core" / "jobs" / "fragments.py", REPO / "templates" / "ui" / "jobs" / "detail.html",
+               REPO / "templates" / "ui" / "jobs" / "table.html"]
+    for path in generic:
+        code = "\n".join(line for line in path.read_text().splitlines()
+                         if not line.lstrip().startswith(("#", '"""')))
+        for name in ("training.grpo", "rollouts.generate", "training_fragments", "rollout_selectors",
+                     "{% if training", "{% if rollouts"):
+            assert name not in code, f"{path.name} names {name!r}"
