@@ -13,7 +13,7 @@ from core.models import Receipt
 class ReceiptAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "kind", "subject", "short_sha256", "job")
     list_filter = ("kind",)
-    search_fields = ("subject", "sha256", "job__id")
+    search_fields = ("subject", "sha256", "job__uuid")
     fields = ("kind", "subject", "schema", "sha256", "job", "created_at", "policy_audit", "summary", "pretty_body")
     readonly_fields = fields
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import environ
 
+from core.redis_clients import blocking_client_options
 from kiln_project.config import load_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -103,7 +104,9 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [KILN.effective_redis_url], "prefix": "kiln:channels"},
+        # channels_redis blocks in BZPOPMIN for up to 5 s (its brpop_timeout): the socket must outwait it.
+        "CONFIG": {"hosts": [{"address": KILN.effective_redis_url, **blocking_client_options(5)}],
+                   "prefix": "kiln:channels"},
     }
 }
 

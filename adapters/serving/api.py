@@ -16,14 +16,12 @@ from ninja import Router
 from adapters.serving import selectors
 from adapters.serving.limits import check_caps, error_from_event
 from adapters.serving.schemas import ChatCompletionRequest
-from adapters.serving.transport import read_events
+from adapters.serving.transport import FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT, read_events
 from core.errors import KilnError
 from core.profiles import require_profile_allows
 
 router = Router(tags=["inference"])
 
-FIRST_EVENT_TIMEOUT = 300.0  # a busy GPU worker may finish a training group first
-IDLE_TIMEOUT = 120.0
 
 
 async def _start(body: ChatCompletionRequest) -> str:

@@ -23,11 +23,9 @@ from pydantic import ValidationError
 
 from adapters.serving.limits import check_caps, error_from_event
 from adapters.serving.schemas import ChatCompletionRequest
-from adapters.serving.transport import events_key
+from adapters.serving.transport import FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT, events_key
 from core.errors import KilnError
-
-FIRST_EVENT_TIMEOUT = 300.0  # as the API: a busy GPU worker may finish a training group first
-IDLE_TIMEOUT = 120.0
+from core.redis_clients import blocking_client_options
 
 _clients: dict[str, object] = {}
 _clients_lock = threading.Lock()
@@ -43,7 +41,8 @@ def _redis():
     with _clients_lock:
         client = _clients.get(url)
         if client is None:
-            client = _clients[url] = redis.Redis.from_url(url)
+            client = _clients[url] = redis.Redis.from_url(url, **blocking_client_options(
+                max(FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT)))
     return client
 
 

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import json
 
+from core.redis_clients import blocking_client_options
+
 EVENT_TTL_SECONDS = 600
+# How long a reader waits for the worker: for the first event (a busy GPU worker may finish a
+# training group first), then between events. The HTTP route and the in-cluster client share them.
+FIRST_EVENT_TIMEOUT = 300.0
+IDLE_TIMEOUT = 120.0
 
 
 def events_key(request_id: str) -> str:
@@ -43,7 +49,7 @@ async def read_events(request_id: str, *, first_event_timeout: float, idle_timeo
     """Web side: yield events until `done` or `error`; raise TimeoutError if the worker goes quiet."""
     import redis.asyncio as aioredis
 
-    client = aioredis.Redis.from_url(_redis_url())
+    client = aioredis.Redis.from_url(_redis_url(), **blocking_client_options(max(first_event_timeout, idle_timeout)))
     key = events_key(request_id)
     timeout = first_event_timeout
     try:

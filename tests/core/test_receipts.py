@@ -51,6 +51,12 @@ def test_admin_lists_searches_and_shows_receipts_read_only(admin_client):
     assert b"math-r001" in listing.content and b"other-r001" not in listing.content
     by_digest = admin_client.get("/admin/core/receipt/", {"q": row.sha256})
     assert b"math-r001" in by_digest.content and b"other-r001" not in by_digest.content
+    from core.jobs.models import Job
+
+    job = Job.objects.create(kind="training.grpo", queue="gpu")
+    receipt_record(kind="train", subject="by-job-r001", body=BODY, job=job)
+    by_job = admin_client.get("/admin/core/receipt/", {"q": str(job.uuid)})
+    assert b"by-job-r001" in by_job.content and b"math-r001" not in by_job.content
     detail = admin_client.get(f"/admin/core/receipt/{row.pk}/change/")
     assert detail.status_code == 200
     html = detail.content.decode()
