@@ -64,8 +64,9 @@ def _unauthorized(request, exc):
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
-    code = next((v[1] for prefix, v in VALIDATION_CODES.items() if request.path.startswith(prefix)), None)
-    if exc.status_code == 400 and code:  # ninja could not parse the body as JSON
+    if exc.status_code == 400 and str(exc) == "Cannot parse request body":  # not JSON, or nested too deep
+        code = next((v[1] for prefix, v in VALIDATION_CODES.items() if request.path.startswith(prefix)),
+                    "invalid_json")
         return _respond(request, 400, code, f"request: not valid JSON ({exc})", "send one JSON object")
     return _respond(request, exc.status_code, f"http_{exc.status_code}", str(exc))
 

@@ -37,6 +37,14 @@ class KilnConfig:
     secret_key: str | None = None
     config_file: Path | None = None
     extra_job_modules: tuple[str, ...] = field(default_factory=tuple)
+    # Besides KILN_HOME's data folders, where request-named server files (dataset_path) may be
+    # read from (core.confined_paths): the launch folder and the configured roots.
+    extra_dataset_roots: tuple[Path, ...] = field(default_factory=tuple)
+
+    @property
+    def dataset_roots(self) -> tuple[Path, ...]:
+        layout = self.layout
+        return tuple(dict.fromkeys((layout.rollouts, layout.datasets, *self.extra_dataset_roots)))
 
     @property
     def layout(self) -> HomeLayout:
@@ -63,6 +71,8 @@ class KilnConfig:
         data["home"] = str(self.home)
         data["model_path"] = str(self.model_path) if self.model_path else None
         data["config_file"] = str(self.config_file) if self.config_file else None
+        data.pop("extra_dataset_roots")
+        data["dataset_roots"] = [str(root) for root in self.dataset_roots]
         data["database_url"] = _redact_url(self.effective_database_url)
         data["redis_url"] = _redact_url(self.effective_redis_url)
         data["extra_job_modules"] = list(self.extra_job_modules)
@@ -119,6 +129,7 @@ def load_config(env: dict | None = None) -> KilnConfig:
     model_toml = toml.get("model", {})
     server_toml = toml.get("server", {})
     jobs_toml = toml.get("jobs", {})
+    training_toml = toml.get("training", {})
 
     home = env.get("KILN_HOME") or toml.get("home") or server_toml.get("home") or "~/.kiln"
     home_path = Path(home).expanduser().resolve()
@@ -163,4 +174,24 @@ def load_config(env: dict | None = None) -> KilnConfig:
         secret_key=env.get("KILN_SECRET_KEY") or None,
         config_file=config_file,
         extra_job_modules=tuple(m.strip() for m in extra_modules.split(",") if m.strip()),
+        extra_dataset_roots=_extra_dataset_roots(env, training_toml, config_file),
     )
+
+
+def _extra_dataset_roots(env: dict, training_toml: dict, config_file: Path | None) -> tuple[Path, ...]:
+    """The folder `kiln serve` was started in (KILN_LAUNCH_DIR, which serve passes to its children,
+    else this process's working folder), then the configured roots; relative entries in kiln.toml
+    are relative to that file's folder."""
+    launch = Path(env.get("KILN_LAUNCH_DIR") or os.getcwd())
+    configured = training_toml.get("dataset_roots", [])
+    if isinstance(configured, str) or not all(isinstance(item, str) for item in configured):
+        raise ConfigError("[training] dataset_roots must be a list of folder paths")
+    base = config_file.parent if config_file else launch
+    extra = [base / Path(item).expanduser() for item in configured]
+    extra += [Path(item).expanduser() for item in env.get("KILN_DATASET_ROOTS", "").split(":") if item.strip()]
+    roots: list[Path] = []
+    for root in (launch, *extra):
+        resolved = Path(os.path.realpath(root))
+        if resolved not in roots:
+            roots.append(resolved)
+    return tuple(roots)

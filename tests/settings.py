@@ -10,6 +10,8 @@ import tempfile
 os.environ.setdefault("KILN_HOME", tempfile.mkdtemp(prefix="kiln-test-home-"))
 os.environ.setdefault("KILN_SECRET_KEY", "test-secret-key-not-for-production-0123456789")
 os.environ["KILN_EXTRA_JOB_MODULES"] = "tests.support.job_kinds"
+# Tests write their corpora under the temp folder: a dataset root, as a user's own folder is.
+os.environ.setdefault("KILN_DATASET_ROOTS", tempfile.gettempdir())
 
 from kiln_project.settings import *  # noqa: E402,F403
 

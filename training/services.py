@@ -18,6 +18,7 @@ from django.db import transaction
 from adapters.selectors import adapter_published_path
 from adapters.services import adapter_reserve, validate_adapter_name
 from core.artifacts import ensure_dir, write_file
+from core.confined_paths import PathRefused, confined_file
 from core.contracts.groups import AdmittedCorpus, GroupError, admit_groups, admit_jsonl, check_corpus_size
 from core.contracts.grpo_config import resolve_effective_seed
 from core.contracts.grpo_submission import GrpoSubmission
@@ -46,9 +47,10 @@ def _read_dataset_path(value) -> tuple[AdmittedCorpus, dict]:
     if not isinstance(value, str) or not os.path.isabs(value):
         raise _invalid("must be an absolute path on the server", "dataset_path",
                        "the server reads the file itself: pass realpath of the file")
-    path = Path(value)
-    if not path.is_file():
-        raise _invalid(f"{value} is not a readable file on the server", "dataset_path")
+    try:
+        path = confined_file(value, settings.KILN.dataset_roots, private=settings.KILN.home)
+    except PathRefused as exc:
+        raise _invalid(exc.message.split(": ", 1)[1], "dataset_path", exc.hint) from None
     try:
         check_corpus_size(path.stat().st_size)
     except GroupError as exc:

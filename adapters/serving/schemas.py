@@ -21,6 +21,16 @@ from core.contracts.sampling import (
 )
 
 
+def _unicode_text(value):
+    """A lone surrogate ("\\ud800") cannot be tokenized; refuse it as a validation error."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("holds a lone surrogate; send valid Unicode text") from None
+    return value
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -40,8 +50,13 @@ class ChatMessage(BaseModel):
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise ValueError("only text content parts are supported")
                 texts.append(part["text"])
-            return "".join(texts)
-        return value
+            value = "".join(texts)
+        return _unicode_text(value)
+
+    @field_validator("reasoning_content", "name", "tool_call_id")
+    @classmethod
+    def _valid_text(cls, value):
+        return _unicode_text(value)
 
 
 class ChatTemplateKwargs(BaseModel):

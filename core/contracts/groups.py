@@ -18,6 +18,7 @@ from core.canonical import sha256_digest
 MAX_GROUPS = 100_000
 MAX_COMPLETIONS_PER_GROUP = 1024
 MAX_CORPUS_BYTES = 512 * 1024 * 1024
+MAX_EXACT_INT = 2**53  # beyond this a JSON integer has no exact float (10**400 has none at all)
 SEGMENT_KINDS = ("context", "action", "observation")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
@@ -41,6 +42,16 @@ class AdmittedCorpus:
     with_provenance: int
 
 
+def _text(value: str, field: str) -> str:
+    """Refuse a string that is not valid Unicode text (a lone surrogate such as "\\ud800" cannot be
+    encoded, tokenized or hashed)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise GroupError(field, "holds a lone surrogate; send valid Unicode text") from None
+    return value
+
+
 def _message(value, where: str) -> dict:
     if not isinstance(value, dict):
         raise GroupError(where, "must be an object with role and content")
@@ -54,6 +65,8 @@ def _message(value, where: str) -> dict:
         content = "".join(p["text"] for p in content)
     if content is not None and not isinstance(content, str):
         raise GroupError(f"{where}.content", "must be a string, null or a list of text parts")
+    if content is not None:
+        _text(content, f"{where}.content")
     message = {"role": role, "content": content}
     for optional in ("name", "tool_call_id", "tool_calls", "reasoning_content"):
         if optional in value:
@@ -68,6 +81,7 @@ def _segment(value, where: str) -> dict:
         raise GroupError(f"{where}.kind", f"must be one of {', '.join(SEGMENT_KINDS)}")
     if not isinstance(value.get("content"), str):
         raise GroupError(f"{where}.content", "must be a string")
+    _text(value["content"], f"{where}.content")
     if not isinstance(value.get("role"), str):
         raise GroupError(f"{where}.role", "must be a string")
     warning = value.get("warning_prefix_len")
@@ -81,11 +95,12 @@ def _completion(value, where: str) -> dict:
         raise GroupError(where, "must be an object with text and reward")
     if not isinstance(value.get("text"), str):
         raise GroupError(f"{where}.text", "is required and must be a string")
+    _text(value["text"], f"{where}.text")
     reward = value.get("reward")
     if isinstance(reward, bool) or not isinstance(reward, int | float):
         raise GroupError(f"{where}.reward", "is required and must be a number")
-    if not math.isfinite(reward):
-        raise GroupError(f"{where}.reward", "must be finite")
+    if isinstance(reward, int) and abs(reward) > MAX_EXACT_INT or not math.isfinite(reward):
+        raise GroupError(f"{where}.reward", "must be finite (and an integer reward at most 2**53 in size)")
     completion = {"text": value["text"], "reward": reward}
     if "trajectory" in value:
         if not isinstance(value["trajectory"], list):
@@ -151,8 +166,10 @@ def parse_jsonl(data: bytes, field: str = "dataset_path", *, require_groups: boo
             continue
         try:
             groups.append(json.loads(line))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except json.JSONDecodeError as exc:  # its message names a position, never the content
             raise GroupError(f"line {line_number}", f"is not valid JSON ({exc})") from None
+        except UnicodeDecodeError:  # its message would quote the byte
+            raise GroupError(f"line {line_number}", "is not valid JSON (not UTF-8 text)") from None
         lines.append(line_number)
     if not groups and require_groups:
         raise GroupError(field, "the file holds no groups")

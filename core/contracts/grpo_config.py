@@ -17,6 +17,11 @@ from typing import Any
 from core.contracts.grpo_values import (
     GRPO_DEFAULT_LEARNING_RATE,
     LEARNING_RATE_BAND,
+    MAX_CHECKPOINT_INTERVAL,
+    MAX_GRAD_CHECKPOINT_SEGMENTS,
+    MAX_LORA_ALPHA,
+    MAX_LORA_RANK,
+    MAX_REWARD_FILTER_MIN_GROUPS,
     EchoConfig,
     GrpoConfigError,
     KlReferencePolicy,
@@ -203,7 +208,8 @@ class GrpoConfig:
             and self.reward_filter_var_min > self.reward_filter_var_max
         ):
             raise GrpoConfigError("reward_filter_var_min", "must be <= reward_filter_var_max")
-        check_int("reward_filter_min_groups", self.reward_filter_min_groups, minimum=1)
+        check_int("reward_filter_min_groups", self.reward_filter_min_groups, minimum=1,
+                  maximum=MAX_REWARD_FILTER_MIN_GROUPS)
         check_choice("reward_filter_on_empty", self.reward_filter_on_empty, REWARD_FILTER_ON_EMPTY)
         set_(
             "reward_saturation_threshold",
@@ -216,10 +222,10 @@ class GrpoConfig:
         if self.reward_low_variance_threshold < 0:
             raise GrpoConfigError("reward_low_variance_threshold", "must be >= 0")
 
-        check_int("lora_rank", self.lora_rank, minimum=1)
+        check_int("lora_rank", self.lora_rank, minimum=1, maximum=MAX_LORA_RANK)
         set_("lora_alpha", check_number("lora_alpha", self.lora_alpha))
-        if self.lora_alpha <= 0:
-            raise GrpoConfigError("lora_alpha", f"must be > 0, got {self.lora_alpha}")
+        if not 0 < self.lora_alpha <= MAX_LORA_ALPHA:
+            raise GrpoConfigError("lora_alpha", f"must be within (0, {MAX_LORA_ALPHA:g}], got {self.lora_alpha}")
         if self.alpha_over_rank > MAX_LORA_ALPHA_OVER_RANK and not self.allow_high_lora_scale:
             raise GrpoConfigError(
                 "lora_alpha",
@@ -230,7 +236,7 @@ class GrpoConfig:
         check_name("base_adapter", self.base_adapter)
         check_name("output_name", self.output_name)
         if self.checkpoint_interval is not None:
-            check_int("checkpoint_interval", self.checkpoint_interval, minimum=1)
+            check_int("checkpoint_interval", self.checkpoint_interval, minimum=1, maximum=MAX_CHECKPOINT_INTERVAL)
         self._check_resume_checkpoint()
         if self.seed is not None:
             # u64 seeds travel as decimal strings (JSON/RFC 8785 numbers stop at 2**53); an
@@ -239,7 +245,8 @@ class GrpoConfig:
                 set_("seed", int(self.seed))
             check_int("seed", self.seed, minimum=0, maximum=MAX_SEED)
         if self.grad_checkpoint_segments is not None:
-            check_int("grad_checkpoint_segments", self.grad_checkpoint_segments, minimum=1)
+            check_int("grad_checkpoint_segments", self.grad_checkpoint_segments, minimum=1,
+                      maximum=MAX_GRAD_CHECKPOINT_SEGMENTS)
         if self.adapter_smoke_prompts is not None:
             if not isinstance(self.adapter_smoke_prompts, tuple | list) or not all(
                 isinstance(p, str) for p in self.adapter_smoke_prompts

@@ -24,10 +24,23 @@ class GrpoConfigError(ValueError):
 # ---- scalar checks (JSON semantics: bool is never a number, a float is never an integer) ----
 
 
+# Upper bounds checked at submission, so no request is queued that a worker cannot run (a rank of
+# 2**40 would try to allocate terabytes). Shown as `maximum` in the OpenAPI document.
+MAX_LORA_RANK = 1024
+MAX_LORA_ALPHA = 65536.0
+MAX_CHECKPOINT_INTERVAL = 1_000_000  # optimizer steps
+MAX_REFRESH_EVERY = 1_000_000  # optimizer steps
+MAX_REWARD_FILTER_MIN_GROUPS = 100_000  # the most groups a corpus may hold
+MAX_GRAD_CHECKPOINT_SEGMENTS = 1024
+
+
 def check_number(field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise GrpoConfigError(field, f"must be a number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer too large for a float, e.g. 10**400
+        raise GrpoConfigError(field, "must be finite, got an integer beyond the float range") from None
     if not math.isfinite(value):
         raise GrpoConfigError(field, f"must be finite, got {value}")
     return value
@@ -194,7 +207,7 @@ class KlReferencePolicy:
         field = "kl_reference_policy"
         check_choice(f"{field}.kind", self.kind, KL_REFERENCE_KINDS)
         check_range(f"{field}.decay", check_number(f"{field}.decay", self.decay), 0.0, 1.0)
-        check_int(f"{field}.refresh_every", self.refresh_every, minimum=1)
+        check_int(f"{field}.refresh_every", self.refresh_every, minimum=1, maximum=MAX_REFRESH_EVERY)
         object.__setattr__(self, "decay", float(self.decay))
 
     def to_dict(self) -> dict[str, Any]:

@@ -116,6 +116,9 @@ def run(args) -> int:
     import django
     from django.conf import settings
 
+    # The folder serve was started in is a dataset root (the guide's files live there): children
+    # inherit it even where they change their working folder.
+    os.environ.setdefault("KILN_LAUNCH_DIR", os.getcwd())
     if args.host:
         os.environ["KILN_HOST"] = args.host
     if args.port:

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -56,6 +57,8 @@ class Stack:
             "KILN_EXTRA_JOB_MODULES": "tests.support.job_kinds",
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
+            # Tests write their corpora under the temp folder: a dataset root, as a user's folder is.
+            "KILN_DATASET_ROOTS": tempfile.gettempdir(),
         }
         for inherited in ("KILN_MODEL_PATH", "DATABASE_URL", "KILN_REDIS_URL", "KILN_CONFIG"):
             self.env.pop(inherited, None)
