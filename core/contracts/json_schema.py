@@ -15,12 +15,13 @@ from typing import Any
 
 def dataclass_schema(cls, *, title: str | None = None, description: str = "",
                      choices: dict[str, tuple] | None = None, overrides: dict[str, dict] | None = None,
-                     nested: dict[type, dict] | None = None) -> dict:
+                     nested: dict[type, dict] | None = None,
+                     bounds: dict[str, tuple[float | None, float | None]] | None = None) -> dict:
     """An object schema with one property per field of `cls` (a trailing `_` is dropped from the
     name, as `lambda_` is `lambda` on the wire). Unknown properties are allowed: the contracts
     ignore keys they do not know."""
     hints = typing.get_type_hints(cls)
-    choices, overrides, nested = choices or {}, overrides or {}, nested or {}
+    choices, overrides, nested, bounds = choices or {}, overrides or {}, nested or {}, bounds or {}
     properties = {}
     for f in dataclasses.fields(cls):
         if not f.init or f.name == "ignored_keys":
@@ -30,6 +31,8 @@ def dataclass_schema(cls, *, title: str | None = None, description: str = "",
         schema = dict(schema)
         if key in choices:
             schema = _with_choices(schema, choices[key])
+        if key in bounds:
+            schema = _with_bounds(schema, *bounds[key])
         default = _default(f)
         if default is not dataclasses.MISSING:
             schema["default"] = default
@@ -45,6 +48,13 @@ def _with_choices(schema: dict, values: tuple) -> dict:
     if "anyOf" in schema:  # nullable: the choices or null
         return {"anyOf": [{"type": "string", "enum": list(values)}, {"type": "null"}]}
     return {**schema, "enum": list(values)}
+
+
+def _with_bounds(schema: dict, low, high) -> dict:
+    limits = {k: v for k, v in (("minimum", low), ("maximum", high)) if v is not None}
+    if "anyOf" in schema:  # nullable: bound the non-null member
+        return {**schema, "anyOf": [{**schema["anyOf"][0], **limits}, *schema["anyOf"][1:]]}
+    return {**schema, **limits}
 
 
 def _default(f) -> Any:

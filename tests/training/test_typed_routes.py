@@ -36,7 +36,9 @@ def test_openapi_has_a_request_body_for_every_post_and_put_and_describes_the_grp
     request = schemas["GrpoRequest"]["properties"]
     config = request["config"]
     assert config["title"] == "GrpoConfig"
-    assert config["properties"]["lora_rank"] == {"type": "integer", "default": 16}
+    assert config["properties"]["lora_rank"] == {"type": "integer", "default": 16, "minimum": 1, "maximum": 1024}
+    assert config["properties"]["checkpoint_interval"]["anyOf"][0]["maximum"] == 1_000_000
+    assert config["properties"]["kl_reference_policy"]["properties"]["refresh_every"]["maximum"] == 1_000_000
     assert config["properties"]["behavior_policy"]["enum"] == ["no_importance_correction", "recorded"]
     assert config["properties"]["optimizer"]["properties"]["kind"]["enum"] == ["muon", "adam_w", "sgd"]
     assert config["properties"]["loss"]["properties"]["echo"]["anyOf"][0]["properties"]["lambda"]["type"] == "number"
