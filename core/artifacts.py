@@ -282,6 +282,11 @@ class HomeLayout:
     def datasets(self) -> Path:
         return self.root / "datasets"
 
+    @property
+    def locks(self) -> Path:
+        """Process locks (core.process_locks): the GPU device, the one `kiln serve` per home."""
+        return self.root / "locks"
+
     def run_artifacts(self, run_id: str) -> Path:
         """Artifacts of one OpenEnv run."""
         return self.root / "openenv" / "runs" / str(run_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from core.errors import KilnError
 from core.jobs.kinds import EXCLUSIVE_QUEUES, get_job_kind
@@ -60,6 +61,19 @@ class JobContext:
             raise JobCancelled()
 
 
+_queue_gates: dict[str, Callable[[], bool]] = {}
+
+
+def set_queue_gate(queue: str, ready: Callable[[], bool]) -> None:
+    """Claim jobs of `queue` in this process only while `ready()` says so (the GPU worker: while it
+    holds the device lock, so an orphaned worker that still holds it keeps the new one waiting)."""
+    _queue_gates[queue] = ready
+
+
+def shutting_down() -> bool:
+    return _shutting_down.is_set()
+
+
 def request_shutdown() -> None:
     """Ask running handlers to stop; their jobs end failed with job_interrupted (not silently re-run)."""
     _shutting_down.set()
@@ -71,6 +85,9 @@ def run_queued_jobs(queue: str) -> None:
     from core.jobs.worker_state import current_worker_id
 
     lock = _queue_locks.get(queue)
+    gate = _queue_gates.get(queue)
+    if gate is not None and not gate():
+        return  # woken again once the gate opens
     while not _shutting_down.is_set():
         if lock is not None and not lock.acquire(blocking=False):
             return  # the thread holding the lock drains the queue, and re-checks after releasing it

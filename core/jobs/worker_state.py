@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
+import time
 import uuid
 
 from django.db import close_old_connections
@@ -16,6 +18,11 @@ from core.jobs.liveness import worker_is_dead
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5
+# Every so many beats, fail the running jobs of workers that died since boot (an orphan that was
+# stopped, a host that went away): their jobs end job_interrupted within about this long.
+RECOVER_EVERY_BEATS = 3
+# An orphan (its supervisor died) is asked to stop, then killed if it has not stopped by then.
+ORPHAN_GRACE_SECONDS = 45
 
 _worker_id: str | None = None
 _worker_queues: list[str] = []
@@ -93,9 +100,22 @@ def start_worker(queues: list[str]) -> None:
 
 
 def _heartbeat_loop() -> None:
+    beats, parent, orphaned_at = 0, os.getppid(), None
     while not _stop.wait(HEARTBEAT_SECONDS):
+        beats += 1
+        # The kernel's parent-death signal stops a worker whose supervisor died; this catches a
+        # signal that came too early or a shutdown that hangs, so no orphan keeps the GPU.
+        if os.getppid() != parent:
+            if orphaned_at is None:
+                orphaned_at = time.monotonic()
+                log.warning("the worker's supervisor is gone; stopping")
+                os.kill(os.getpid(), signal.SIGTERM)
+            elif time.monotonic() - orphaned_at > ORPHAN_GRACE_SECONDS:
+                os.kill(os.getpid(), signal.SIGKILL)
         try:
             beat()
+            if beats % RECOVER_EVERY_BEATS == 0:
+                recover_queues([q for q in _worker_queues if q in ("gpu", "control")])
         except Exception as exc:  # noqa: BLE001 - a missed beat is retried; the DB may be restarting
             log.warning("heartbeat failed: %s", exc)
         finally:

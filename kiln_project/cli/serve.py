@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from core.process_locks import ProcessLock, die_with_parent
 from kiln_project.cli.client import CliError
 
 WORKERS = {"gpu-worker": ["--queues", "gpu,infer", "--threads", "8"],
@@ -52,7 +53,9 @@ class Supervisor:
 
     def spawn(self, name: str, argv: list[str]) -> None:
         self.commands[name] = argv
-        self.children[name] = subprocess.Popen(argv, start_new_session=True)
+        # Own session: Ctrl-C reaches only the supervisor, which stops children in order. Death
+        # signal: a kill -9 of the supervisor still stops every child (no orphans keep serving).
+        self.children[name] = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent)
         self.started_at[name] = time.monotonic()
         print(f"kiln: started {name} (pid {self.children[name].pid})", flush=True)
 
@@ -126,6 +129,15 @@ def run(args) -> int:
     django.setup()
     config = settings.KILN
     from django.core.management import call_command
+
+    # One supervisor per KILN_HOME, checked before anything is touched (the Redis socket, the
+    # database, the port): the OS drops the lock when its holder dies, kill -9 included.
+    home_lock = ProcessLock(config.layout.locks / "serve.lock")
+    if not home_lock.try_acquire():
+        holder = home_lock.holder() or {}
+        raise CliError("kiln_already_serving",
+                       f"kiln serve is already running on {config.home} (pid {holder.get('pid', '?')})",
+                       "stop it first, or give this one another KILN_HOME")
 
     call_command("migrate", interactive=False, verbosity=0)
     supervisor = Supervisor(config)

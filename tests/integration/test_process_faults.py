@@ -1,0 +1,123 @@
+"""kill -9 at the process level: `kiln serve` leaves no children behind, a second serve on the same
+KILN_HOME refuses before touching anything, and a GPU worker whose supervisor dies stops instead of
+living on beside its replacement (the device lock's history shows no two holders at once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.support.stack import REPO, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _ppid(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def _serve(tmp_path, port, log_name="serve.log"):
+    env = {**os.environ, "KILN_HOME": str(tmp_path / "home"), "DJANGO_SETTINGS_MODULE": "kiln_project.settings",
+           "PYTHONPATH": str(REPO)}
+    for inherited in ("DATABASE_URL", "KILN_REDIS_URL", "KILN_MODEL_PATH"):
+        env.pop(inherited, None)
+    log = open(tmp_path / log_name, "wb")
+    return subprocess.Popen([sys.executable, "-m", "kiln_project.cli.main", "serve", "--port", str(port)],
+                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT), env
+
+
+def _health(url):
+    try:
+        return httpx.get(url + "/health", timeout=2).json()
+    except (httpx.TransportError, ValueError):
+        return None
+
+
+def _workers(url, queue):
+    body = _health(url) or {}
+    return [w for w in (body.get("workers") or {}).get("workers", []) if queue in w.get("queues", [])]
+
+
+def test_kill_9_of_serve_leaves_no_children_and_a_second_serve_refuses(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve, env = _serve(tmp_path, port)
+    try:
+        body = wait_until(lambda: (b := _health(url)) and {"gpu", "control"} <= set(b["workers"]["queues_served"]) and b,
+                          90, what="kiln serve to report both workers")
+        pids = [int(w["id"].split(":")[1]) for w in body["workers"]["workers"]]
+        pids += [_ppid(pid) for pid in pids]  # dramatiq's supervisors too
+        redis = subprocess.run(["pgrep", "-f", f"redis-server.*{tmp_path}"], capture_output=True, text=True)
+        pids += [int(p) for p in redis.stdout.split()]
+
+        second = subprocess.run([sys.executable, "-m", "kiln_project.cli.main", "serve", "--port", str(free_port())],
+                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode != 0
+        assert "kiln_already_serving" in second.stderr and str(serve.pid) in second.stderr
+        assert second.stderr.strip().count("\n") == 0, second.stderr  # one line
+        assert _health(url)["broker"]["ok"] is True  # the first one's Redis socket is untouched
+
+        serve.send_signal(signal.SIGKILL)
+        serve.wait()
+        for pid in pids:
+            assert wait_until(lambda pid=pid: _gone(pid), 45, what=f"child {pid} to die with its supervisor")
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=2)
+
+        again, _ = _serve(tmp_path, port, "serve-again.log")  # the lock died with its holder
+        try:
+            wait_until(lambda: _health(url), 90, what="a new kiln serve on the same home")
+        finally:
+            again.send_signal(signal.SIGTERM)
+            again.wait(timeout=90)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+def test_kill_9_of_the_gpu_workers_supervisor_stops_the_worker_before_a_new_one_takes_the_device(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve, _ = _serve(tmp_path, port)
+    try:
+        [old] = wait_until(lambda: [w for w in _workers(url, "gpu")
+                                    if (w.get("status") or {}).get("gpu_lock", {}).get("waiting") is False] or None,
+                           90, what="the GPU worker to hold the device")
+        old_pid = int(old["id"].split(":")[1])
+        master = _ppid(old_pid)
+        os.kill(master, signal.SIGKILL)
+        killed = last_alive = time.time()
+        while not _gone(old_pid):  # bounded: parent-death signal, else the heartbeat's orphan check
+            last_alive = time.time()
+            assert last_alive - killed < 90, "the orphaned GPU worker kept running"
+            time.sleep(0.05)
+        new = wait_until(lambda: [w for w in _workers(url, "gpu") if int(w["id"].split(":")[1]) != old_pid
+                                  and (w.get("status") or {}).get("gpu_lock", {}).get("waiting") is False] or None,
+                         120, what="the restarted GPU worker to take the device")
+        new_pid = int(new[0]["id"].split(":")[1])
+        history = [json.loads(line) for line in
+                   (tmp_path / "home" / "locks" / "gpu.lock.history").read_text().splitlines()]
+        acquired = [h for h in history if h["event"] == "acquired"]
+        assert [h["pid"] for h in acquired][-2:] == [old_pid, new_pid]
+        assert acquired[-1]["since"] > last_alive - 0.2, "the new worker held the device while the old one lived"
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            serve.kill()
