@@ -23,6 +23,15 @@ from core.receipts import receipt_record
 from training.payloads import GrpoJobPayload
 
 HISTORY_KEYS = {"loss": "loss_history", "reward_mean": "reward_history", "kl_mean": "kl_history"}
+# The live curves keep at most this many points: past it every other point goes (the newest always
+# stays), so a long run's row stays small. The receipt keeps the full loss history.
+MAX_HISTORY_POINTS = 500
+
+
+def downsampled(history: list) -> list:
+    if len(history) <= MAX_HISTORY_POINTS:
+        return history
+    return history[:-1:2] + history[-1:]
 
 
 def _finite(value):
@@ -41,7 +50,8 @@ class ProgressRecorder:
         step = figures.get("step")
         for key, history in HISTORY_KEYS.items():
             if key in figures:
-                self.metrics[history].append({"step": step, key: _finite(figures[key])})
+                self.metrics[history] = downsampled(
+                    self.metrics[history] + [{"step": step, key: _finite(figures[key])}])
         scalars = {k: _finite(v) for k, v in figures.items() if isinstance(v, int | float | str | type(None))}
         self.metrics.update(scalars)
         message = f"step {step}/{figures.get('total_steps')}"

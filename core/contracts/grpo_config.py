@@ -18,6 +18,7 @@ from core.contracts.grpo_values import (
     GRPO_DEFAULT_LEARNING_RATE,
     LEARNING_RATE_BAND,
     MAX_CHECKPOINT_INTERVAL,
+    MAX_CHECKPOINT_KEEP_LAST,
     MAX_GRAD_CHECKPOINT_SEGMENTS,
     MAX_LORA_ALPHA,
     MAX_LORA_RANK,
@@ -92,6 +93,7 @@ class GrpoConfig:
     output_name: str | None = None
     auto_load: bool = True
     checkpoint_interval: int | None = None
+    checkpoint_keep_last: int = 3  # retention: older checkpoints of the run go (never a resume's source)
     resume_checkpoint: str | None = None
     seed: int | None = None  # from_dict also takes a decimal string; to_dict writes one
     grad_checkpoint_segments: int | None = None
@@ -237,6 +239,7 @@ class GrpoConfig:
         check_name("output_name", self.output_name)
         if self.checkpoint_interval is not None:
             check_int("checkpoint_interval", self.checkpoint_interval, minimum=1, maximum=MAX_CHECKPOINT_INTERVAL)
+        check_int("checkpoint_keep_last", self.checkpoint_keep_last, minimum=1, maximum=MAX_CHECKPOINT_KEEP_LAST)
         self._check_resume_checkpoint()
         if self.seed is not None:
             # u64 seeds travel as decimal strings (JSON/RFC 8785 numbers stop at 2**53); an

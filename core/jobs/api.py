@@ -8,7 +8,7 @@ from core.accounts.auth import require_permission
 from core.errors import KilnError
 from core.jobs import selectors, services
 from core.jobs.models import JobState
-from core.jobs.schemas import JobDetailOut, JobOut, job_out
+from core.jobs.schemas import JobDetailOut, JobEventsPage, JobOut, job_out
 
 router = Router(tags=["jobs"])
 
@@ -31,13 +31,28 @@ def list_jobs(request, kind: str | None = None, state: str | None = None, limit:
     return [job_out(job, position=selectors.job_queue_position(job=job)) for job in jobs]
 
 
-@router.get("/{job_id}", response=JobDetailOut, summary="One job with its payload and events")
+DETAIL_EVENTS = 50
+MAX_EVENTS_PAGE = 500
+
+
+@router.get("/{job_id}", response=JobDetailOut, summary="One job with its payload and its newest events")
 def get_job(request, job_id: str):
     job = _get_or_404(job_id)
     data = job_out(job, position=selectors.job_queue_position(job=job))
     data["payload"] = job.payload
-    data["events"] = selectors.job_events(job=job)
+    data["events"] = selectors.job_events(job=job, limit=DETAIL_EVENTS)
+    data["events_total"] = selectors.job_event_count(job=job)
     return data
+
+
+@router.get("/{job_id}/events", response=JobEventsPage, summary="A job's events, a page at a time, newest page first")
+def get_job_events(request, job_id: str, before: int | None = None, limit: int = 200):
+    job = _get_or_404(job_id)
+    if not 1 <= limit <= MAX_EVENTS_PAGE:
+        raise KilnError("invalid_limit", f"limit must be between 1 and {MAX_EVENTS_PAGE}", status=400)
+    events = selectors.job_events(job=job, limit=limit, before=before)
+    older = bool(events) and job.events.filter(id__lt=events[0].id).exists()
+    return {"events": events, "next_before": events[0].id if older else None}
 
 
 @router.delete("/{job_id}", response=JobOut, summary="Cancel a queued or running job")

@@ -15,6 +15,7 @@ from core.jobs.kinds import get_job_kind
 TABLE = "ui/jobs/table.html"
 DETAIL = "ui/jobs/detail.html"
 DEFAULT_LIMIT = 100
+PAGE_EVENTS = 25  # the job page shows the newest; the API pages through all of them
 # What an empty table says, by UI category (None: the all-jobs table).
 EMPTY_TEXT = {
     None: "No jobs yet.",
@@ -43,7 +44,8 @@ def job_detail_context(job) -> dict:
     section = kind.section(job) if kind is not None else None
     context = {
         "job": job,
-        "events": selectors.job_events(job=job),
+        "events": selectors.job_events(job=job, limit=PAGE_EVENTS),
+        "events_total": selectors.job_event_count(job=job),
         "queue_position": selectors.job_queue_position(job=job),
         "metrics": job.metrics or {},
         "section_template": None,

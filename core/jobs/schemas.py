@@ -8,6 +8,7 @@ from ninja import Schema
 
 
 class JobEventOut(Schema):
+    id: int
     type: str
     message: str
     data: dict
@@ -35,7 +36,13 @@ class JobOut(Schema):
 
 class JobDetailOut(JobOut):
     payload: dict
-    events: list[JobEventOut]
+    events: list[JobEventOut]  # the newest events (GET .../events pages through the rest)
+    events_total: int
+
+
+class JobEventsPage(Schema):
+    events: list[JobEventOut]  # oldest first
+    next_before: int | None  # pass as ?before= for the page of older events; null on the first page
 
 
 def job_out(job, *, position: int | None = None) -> dict:

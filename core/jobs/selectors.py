@@ -38,8 +38,16 @@ def job_queue_position(*, job: Job) -> int | None:
     return Job.objects.filter(queue=job.queue, state=JobState.QUEUED, id__lt=job.id).count() + 1
 
 
-def job_events(*, job: Job, limit: int = 200):
-    return list(job.events.order_by("-id")[:limit])[::-1]
+def job_events(*, job: Job, limit: int = 50, before: int | None = None):
+    """Up to `limit` events, oldest first, ending just before event id `before` (the newest if None)."""
+    events = job.events.order_by("-id")
+    if before is not None:
+        events = events.filter(id__lt=before)
+    return list(events[:limit])[::-1]
+
+
+def job_event_count(*, job: Job) -> int:
+    return job.events.count()
 
 
 def workers_alive() -> list[WorkerHeartbeat]:

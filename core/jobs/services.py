@@ -73,7 +73,16 @@ def job_claim_next(*, queue: str, worker_id: str) -> Job | None:
         # Another worker took it (or it was cancelled) between the read and the update: try the next.
 
 
+def metrics_delta(before: dict | None, after: dict) -> dict:
+    """The scalar metrics that changed: what a progress event keeps (the row holds the rest once)."""
+    before = before or {}
+    return {key: value for key, value in after.items()
+            if isinstance(value, int | float | str | bool | type(None)) and (key not in before or before[key] != value)}
+
+
 def job_report_progress(*, job: Job, progress: float, message: str = "", metrics: dict | None = None) -> None:
+    """Record progress on the row (metrics replace the row's, histories included) and append an
+    event with only what changed, so a long run's events grow with its steps, not quadratically."""
     progress = min(max(float(progress), 0.0), 1.0)
     fields = {"progress": progress, "progress_message": message[:300], "updated_at": timezone.now()}
     if metrics is not None:
@@ -81,8 +90,11 @@ def job_report_progress(*, job: Job, progress: float, message: str = "", metrics
     with transaction.atomic():
         updated = Job.objects.filter(id=job.id, state=JobState.RUNNING).update(**fields)
         if updated:
+            delta = metrics_delta(job.metrics, metrics) if metrics is not None else {}
             job.progress, job.progress_message = progress, message[:300]
-            _event(job, "progress", message, {"progress": progress, **({"metrics": metrics} if metrics else {})})
+            if metrics is not None:
+                job.metrics = dict(metrics)
+            _event(job, "progress", message, {"progress": progress, **({"metrics": delta} if delta else {})})
 
 
 def job_log(*, job: Job, message: str, data: dict | None = None) -> None:

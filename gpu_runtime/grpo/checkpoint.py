@@ -18,8 +18,10 @@ links, missing / extra files, size or hash drift, unknown manifest fields and es
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import shutil
 import sys
 import uuid
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from core.artifacts import StagedDirectory, json_bytes
+from core.artifacts import StagedDirectory, hidden_sibling, json_bytes
 from gpu_runtime.grpo.errors import CheckpointError
 from gpu_runtime.identity import file_sha256
 
@@ -83,6 +85,23 @@ def list_checkpoints(root: Path, adapter_name: str) -> list[tuple[int, Path]]:
         if match and match["adapter"] == adapter_name and path.is_dir() and not path.is_symlink():
             found.append((int(match["step"]), path))
     return sorted(found)
+
+
+def prune_checkpoints(root: Path, adapter_name: str, *, keep_last: int, protect: Path | None = None) -> list[Path]:
+    """Retention: remove all but the newest `keep_last` published checkpoints of the adapter, never
+    `protect` (the checkpoint a resume started from). Each goes by a rename to a hidden sibling
+    first, so no reader ever meets half a checkpoint. Returns what was removed."""
+    found = [path for _, path in list_checkpoints(root, adapter_name)]
+    keep = set(found[-keep_last:]) | ({Path(protect).resolve()} if protect else set())
+    removed = []
+    for path in found:
+        if path in keep or path.resolve() in keep:
+            continue
+        retired = hidden_sibling(path, "retired")
+        os.rename(path, retired)
+        shutil.rmtree(retired, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def latest_checkpoint(root: Path, adapter_name: str) -> Path | None:

@@ -91,6 +91,10 @@ class RunOutputs:
                 manifest=manifest,
             )
             self.checkpoints.append(path)
+            removed = checkpoint.prune_checkpoints(
+                self.request.checkpoint_root, self.request.adapter_name, keep_last=self.config.checkpoint_keep_last,
+                protect=self.resume[0] if self.resume else None)
+            self.checkpoints = [p for p in self.checkpoints if p not in removed]
         except TrainingError as exc:
             self.checkpoint_errors.append(exc.message)
         self.timings["checkpoint_ms"] += (time.perf_counter() - started) * 1000.0

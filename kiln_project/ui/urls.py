@@ -19,4 +19,5 @@ urlpatterns = [
     path("jobs/", views.jobs, name="jobs"),
     path("jobs/<uuid:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job_cancel"),
+    path("jobs/<uuid:job_id>/events/", views.job_events, name="job_events"),
 ]

@@ -75,6 +75,24 @@ def job_detail(request, job_id):
     return render(request, "ui/jobs/detail.html", fragments.job_detail_context(job))
 
 
+EVENTS_PAGE = 100
+
+
+@login_required
+def job_events(request, job_id):
+    """Every event of a job, a page at a time (newest page first; ?before=<event id> for older)."""
+    job = _job_or_404(job_id)
+    try:
+        before = int(request.GET["before"]) if request.GET.get("before") else None
+    except ValueError:
+        raise Http404("no such page") from None
+    events = selectors.job_events(job=job, limit=EVENTS_PAGE, before=before)
+    older = bool(events) and job.events.filter(id__lt=events[0].id).exists()
+    return render(request, "ui/jobs/events.html", {
+        "job": job, "events": events, "events_total": selectors.job_event_count(job=job),
+        "older_before": events[0].id if older else None, "is_first_page": before is None})
+
+
 @login_required
 @require_POST
 def job_cancel(request, job_id):

@@ -158,3 +158,17 @@ def test_checkpoint_names_are_immutable(tiny_model_dir, tmp_path, one_thread):
     assert result.checkpoints == [] and "already exists" in result.checkpoint_errors[0]
     assert result.receipt["checkpoint_errors"] == result.checkpoint_errors
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path, "imm")] == [1]
+
+
+def test_retention_keeps_the_newest_checkpoints_and_never_the_resume_source(tiny_model_dir, tmp_path, one_thread):
+    groups = fixed_groups(5)
+    stopped = run(train_request(tiny_model_dir, groups, tmp_path, "ret", checkpoint_interval=1,
+                                checkpoint_keep_last=2), stop_after=2)
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path, "ret")] == [1, 2]
+    source = stopped.checkpoints[0]  # step 1: a resume names it, so retention must keep it
+    resumed = run(train_request(tiny_model_dir, groups, tmp_path, "ret", checkpoint_interval=1,
+                                checkpoint_keep_last=2, resume_checkpoint=source.name))
+    assert resumed.final_step == 5
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path, "ret")] == [1, 4, 5]
+    assert [p.name for p in resumed.checkpoints] == [p.name for _, p in checkpoint.list_checkpoints(tmp_path, "ret")][1:]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no retired folder is left"
