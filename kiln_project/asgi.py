@@ -9,16 +9,18 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kiln_project.settings")
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
 from kiln_project.ui.routing import websocket_urlpatterns  # noqa: E402
+from kiln_project.ws_origin import SameSiteOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameSiteOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+                                             (settings.KILN.host, *settings.KILN.allowed_hosts)),
     }
 )

@@ -40,6 +40,8 @@ class KilnConfig:
     # Besides KILN_HOME's data folders, where request-named server files (dataset_path) may be
     # read from (core.confined_paths): the launch folder and the configured roots.
     extra_dataset_roots: tuple[Path, ...] = field(default_factory=tuple)
+    # Host names a browser page may open the live sockets from, besides loopback and the bind address.
+    allowed_hosts: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def dataset_roots(self) -> tuple[Path, ...]:
@@ -175,7 +177,16 @@ def load_config(env: dict | None = None) -> KilnConfig:
         config_file=config_file,
         extra_job_modules=tuple(m.strip() for m in extra_modules.split(",") if m.strip()),
         extra_dataset_roots=_extra_dataset_roots(env, training_toml, config_file),
+        allowed_hosts=_allowed_hosts(env, server_toml),
     )
+
+
+def _allowed_hosts(env: dict, server_toml: dict) -> tuple[str, ...]:
+    configured = server_toml.get("allowed_hosts", [])
+    if isinstance(configured, str) or not all(isinstance(item, str) for item in configured):
+        raise ConfigError("[server] allowed_hosts must be a list of host names")
+    extra = [h.strip() for h in env.get("KILN_ALLOWED_HOSTS", "").split(",") if h.strip()]
+    return tuple(dict.fromkeys([*configured, *extra]))
 
 
 def _extra_dataset_roots(env: dict, training_toml: dict, config_file: Path | None) -> tuple[Path, ...]:

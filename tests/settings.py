@@ -12,6 +12,7 @@ os.environ.setdefault("KILN_SECRET_KEY", "test-secret-key-not-for-production-012
 os.environ["KILN_EXTRA_JOB_MODULES"] = "tests.support.job_kinds"
 # Tests write their corpora under the temp folder: a dataset root, as a user's own folder is.
 os.environ.setdefault("KILN_DATASET_ROOTS", tempfile.gettempdir())
+os.environ.setdefault("KILN_ALLOWED_HOSTS", "testserver")  # the host Django's test client and communicators use
 
 from kiln_project.settings import *  # noqa: E402,F403
 

@@ -152,8 +152,9 @@ def chat_completion(body, *, emit=None) -> dict:
     host = start_model_host()
     host.wait_ready()
     messages, requests = _sample_requests(body, seed_base=body.seed)
+    # `model` names what was served (the request's `model` field selects nothing: one model is resident).
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": body.model}
+            "model": host.loaded.served_model_id}
     relay = None
     if emit is not None:
         relay = StreamRelay(tokenizer=host.loaded.tokenizer, n=len(requests), meta=meta, emit=emit,
@@ -179,7 +180,7 @@ def chat_completion(body, *, emit=None) -> dict:
         for index, result in enumerate(results):
             relay.settle(index, result)
     return {"id": meta["id"], "object": "chat.completion", "created": meta["created"],
-            "model": body.model, "choices": choices, "usage": usage,
+            "model": meta["model"], "choices": choices, "usage": usage,
             "system_fingerprint": host.loaded.identity.get("inference_config_sha256")}
 
 

@@ -51,6 +51,7 @@ class Job(models.Model):
         permissions = [
             ("submit_job", "Can submit work (training, evaluation, OpenEnv runs) and cancel it"),
             ("approve_promotion", "Can approve or reject adapter promotions"),
+            ("delete_others_jobs", "Can delete finished jobs that other users submitted"),
         ]
 
     def __str__(self) -> str:

@@ -143,6 +143,11 @@ def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletab
     """Hide a finished job from the API and pages. The row and its events stay (audit), with a
     `deleted` event naming who deleted it; a queued or running job must be cancelled first."""
     who = getattr(user, "username", "") or "anonymous"
+    owner = job.submitted_by_id
+    if owner is not None and owner != getattr(user, "id", None) and not (
+            user is not None and user.has_perm("jobs.delete_others_jobs")):
+        raise KilnError("job_delete_forbidden", f"job {job.uuid} was submitted by another user", status=403,
+                        hint="an administrator can grant jobs.delete_others_jobs in /admin/")
     with transaction.atomic():
         updated = Job.objects.filter(id=job.id, state__in=TERMINAL_STATES, deleted_at__isnull=True).update(
             deleted_at=timezone.now())

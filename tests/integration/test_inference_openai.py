@@ -44,13 +44,15 @@ def test_non_streaming_completion_with_usage_and_models(served):
     stack, client = served
     response = _ask(client, seed=5, chat_template_kwargs={"enable_thinking": False})
     choice = response.choices[0]
-    assert response.object == "chat.completion" and response.model == "kiln-tiny"
+    served_id = stack.env["KILN_MODEL_PATH"].rsplit("/", 1)[1]
+    # `model` names the model actually served, not the one the request asked for ("kiln-tiny").
+    assert response.object == "chat.completion" and response.model == served_id
     assert isinstance(choice.message.content, str)
     assert choice.finish_reason in ("stop", "length")
     assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
     assert response.usage.completion_tokens >= 1
     models = client.models.list()
-    assert [m.id for m in models.data] == [stack.env["KILN_MODEL_PATH"].rsplit("/", 1)[1]]
+    assert [m.id for m in models.data] == [served_id]
 
 
 @pytest.mark.parametrize("extra", [{}, {"chat_template_kwargs": {"enable_thinking": False}, "stop": ["0"]}])

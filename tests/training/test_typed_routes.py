@@ -84,3 +84,21 @@ def test_deleting_a_finished_job_keeps_its_row_and_events(api):
     events = list(JobEvent.objects.filter(job=row).values_list("type", "message"))
     assert events[0][0] == "queued" and events[-1] == ("deleted", "deleted by trainer")
     assert api.delete(f"/v1/train/jobs/{job_id}").status_code == 404
+
+
+def test_deleting_another_users_job_needs_its_own_permission(api):
+    from django.contrib.auth.models import Permission
+
+    from core.accounts.services import token_create, user_create
+
+    job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "theirs-r001"}}).json()["job_id"]
+    Job.objects.filter(uuid=job_id).update(state=JobState.COMPLETED)
+    other = user_create(username="other", password="long-enough-pw")
+    other.user_permissions.add(Permission.objects.get(codename="submit_job"))
+    other_api = Client(headers={"Authorization": f"Bearer {token_create(username='other')[1]}"})
+    refused = other_api.delete(f"/v1/train/jobs/{job_id}")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "job_delete_forbidden"
+    assert Job.objects.get(uuid=job_id).deleted_at is None
+    other.user_permissions.add(Permission.objects.get(codename="delete_others_jobs"))
+    other_api = Client(headers={"Authorization": f"Bearer {token_create(username='other')[1]}"})
+    assert other_api.delete(f"/v1/train/jobs/{job_id}").json()["status"] == "deleted"

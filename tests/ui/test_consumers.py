@@ -162,3 +162,21 @@ def test_job_socket_for_an_unknown_job_is_refused(operator):
         await communicator.disconnect()
 
     async_to_sync(scenario)()
+
+
+def test_a_page_on_another_site_cannot_open_a_live_socket_with_the_users_session(operator):
+    client = Client()
+    client.force_login(operator)
+    cookie = (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+    async def connect(origin: bytes, host: bytes = b"127.0.0.1:8420"):
+        communicator = WebsocketCommunicator(application, "/ws/ui/jobs/",
+                                             headers=[cookie, (b"origin", origin), (b"host", host)])
+        connected, _ = await communicator.connect()
+        await communicator.disconnect()
+        return connected
+
+    assert async_to_sync(connect)(b"http://evil.example") is False
+    assert async_to_sync(connect)(b"http://127.0.0.1.evil.example") is False
+    assert async_to_sync(connect)(b"http://127.0.0.1:8420") is True  # the dashboard itself
+    assert async_to_sync(connect)(b"https://kiln.internal", host=b"kiln.internal") is True  # behind a proxy
