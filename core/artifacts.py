@@ -242,6 +242,26 @@ def publish_together(files: list[tuple[Path, bytes]], *, mode: int = 0o644) -> N
         fsync_dir(directory)
 
 
+CHECKPOINT_SUFFIX = ".kiln-checkpoint"  # <adapter>-checkpoint-step-<8 digits>.kiln-checkpoint/
+CHECKPOINT_MANIFEST = "checkpoint_manifest.json"
+
+
+def checkpoint_folder(registry: Path, value: str) -> Path | None:
+    """The checkpoint folder a `resume_checkpoint` names (a basename in the adapter registry, or an
+    absolute path directly beneath it), or None when it names none."""
+    path = Path(value)
+    if path.is_absolute():
+        if path.parent.resolve() != Path(registry).resolve():
+            return None
+    elif path.name != value or value in (".", ".."):
+        return None
+    else:
+        path = Path(registry) / value
+    if not path.name.endswith(CHECKPOINT_SUFFIX) or path.is_symlink() or not path.is_dir():
+        return None
+    return path
+
+
 class HomeLayout:
     """Every location under KILN_HOME, named once. Paths only: callers create what they write into."""
 
@@ -252,6 +272,9 @@ class HomeLayout:
     def adapters(self) -> Path:
         """The adapter registry: `<name>/` folders and their `<name>-checkpoint-step-N.kiln-checkpoint/`."""
         return self.root / "adapters"
+
+    def checkpoint(self, value: str) -> Path | None:
+        return checkpoint_folder(self.adapters, value)
 
     @property
     def tiny_model(self) -> Path:

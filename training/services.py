@@ -7,6 +7,7 @@ The request contract (GrpoConfig) is the torch-free `core.contracts.grpo_config`
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from django.db import transaction
 
 from adapters.selectors import adapter_published_path
 from adapters.services import adapter_reserve, validate_adapter_name
-from core.artifacts import ensure_dir, write_file
+from core.artifacts import CHECKPOINT_MANIFEST, ensure_dir, write_file
 from core.confined_paths import PathRefused, confined_file
 from core.contracts.groups import AdmittedCorpus, GroupError, admit_groups, admit_jsonl, check_corpus_size
 from core.contracts.grpo_config import resolve_effective_seed
@@ -106,6 +107,17 @@ def _check_recorded(corpus: AdmittedCorpus, base_adapter_name: str | None) -> No
     check_recorded_corpus(corpus.groups, model_identity=served_model_identity(), base_adapter=base)
 
 
+def _checkpoint_seed(value: str) -> int | None:
+    """The effective seed the checkpoint's run used: a resume without a seed inherits it (an exact
+    resume needs the same one). None when the checkpoint cannot be read; the worker then names why."""
+    path = settings.KILN.layout.checkpoint(value)
+    try:
+        seed = json.loads((path / CHECKPOINT_MANIFEST).read_text())["effective_config"]["seed"] if path else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return int(seed) if isinstance(seed, str | int) and str(seed).isdigit() else None
+
+
 def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tuple:
     """Validate and queue a GRPO request. Returns (job, effective_seed)."""
     if not isinstance(body, dict):
@@ -124,6 +136,8 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
         _check_recorded(corpus, config.base_adapter)
     output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     validate_adapter_name(output_name, field="config.output_name")
+    if config.seed is None and config.resume_checkpoint:
+        config = config.with_seed(_checkpoint_seed(config.resume_checkpoint) or resolve_effective_seed(config))
     seed = resolve_effective_seed(config)
     effective = config.with_seed(seed)
     snapshot = _pin_snapshot(corpus)

@@ -31,14 +31,21 @@ from typing import Any
 
 import torch
 
-from core.artifacts import StagedDirectory, hidden_sibling, json_bytes
+from core.artifacts import (
+    CHECKPOINT_MANIFEST,
+    CHECKPOINT_SUFFIX,
+    StagedDirectory,
+    checkpoint_folder,
+    hidden_sibling,
+    json_bytes,
+)
 from gpu_runtime.grpo.errors import CheckpointError
 from gpu_runtime.identity import file_sha256
 
 SCHEMA = "kiln.training-checkpoint.v1"
 PLANNING_SCHEMA = "kiln.training-checkpoint-planning.v3"
-SUFFIX = ".kiln-checkpoint"
-MANIFEST = "checkpoint_manifest.json"
+SUFFIX = CHECKPOINT_SUFFIX
+MANIFEST = CHECKPOINT_MANIFEST
 SENTINEL = ".incomplete"
 ADAPTER_FILE = "adapter_parameters.safetensors"
 OPTIMIZER_FILE = "optimizer_state.pt"
@@ -112,19 +119,10 @@ def latest_checkpoint(root: Path, adapter_name: str) -> Path | None:
 def resolve_checkpoint(root: Path, value: str) -> Path:
     """`resume_checkpoint` as given in a config: a basename under `root`, or an absolute path
     directly beneath it. Raises checkpoint_not_found."""
-    root = Path(root)
-    path = Path(value)
-    if path.is_absolute():
-        if path.parent.resolve() != root.resolve():
-            raise CheckpointError(
-                "checkpoint_not_found", f"{value} is not directly beneath the adapter registry {root}"
-            )
-    else:
-        if path.name != value or value in (".", ".."):
-            raise CheckpointError("checkpoint_not_found", f"{value!r} must be a checkpoint directory name")
-        path = root / value
-    if not path.name.endswith(SUFFIX) or not path.is_dir() or path.is_symlink():
-        raise CheckpointError("checkpoint_not_found", f"checkpoint {value!r} does not exist")
+    path = checkpoint_folder(Path(root), value)
+    if path is None:
+        raise CheckpointError("checkpoint_not_found", f"checkpoint {value!r} does not exist (a checkpoint "
+                              f"folder name, or a path directly beneath the adapter registry {root})")
     return path
 
 

@@ -102,3 +102,19 @@ def test_deleting_another_users_job_needs_its_own_permission(api):
     other.user_permissions.add(Permission.objects.get(codename="delete_others_jobs"))
     other_api = Client(headers={"Authorization": f"Bearer {token_create(username='other')[1]}"})
     assert other_api.delete(f"/v1/train/jobs/{job_id}").json()["status"] == "deleted"
+
+
+def test_a_resume_without_a_seed_inherits_the_checkpoints_effective_seed(api, settings):
+    checkpoint = settings.KILN.layout.adapters / "math-r001-checkpoint-step-00000002.kiln-checkpoint"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "checkpoint_manifest.json").write_text(json.dumps({"effective_config": {"seed": "987654321"}}))
+    resumed = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001b",
+                                                         "resume_checkpoint": checkpoint.name}})
+    assert resumed.status_code == 200, resumed.content
+    assert resumed.json()["effective_seed"] == "987654321"
+    explicit = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001c", "seed": 5,
+                                                          "resume_checkpoint": checkpoint.name}})
+    assert explicit.json()["effective_seed"] == "5"  # a seed the request sets still wins
+    unknown = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001d",
+                                                         "resume_checkpoint": "nope.kiln-checkpoint"}})
+    assert unknown.status_code == 200 and unknown.json()["effective_seed"].isdigit()  # the worker names it
