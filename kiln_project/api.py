@@ -13,7 +13,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
-from core.accounts.auth import api_auth
+from core.accounts.auth import api_auth, require_api_user
 from core.errors import KilnError, error_envelope
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,7 @@ api = NinjaAPI(
     auth=api_auth,
     urls_namespace="v1",
     docs_url="/docs",
+    docs_decorator=require_api_user,  # the document and its page, like every route but /health
 )
 
 

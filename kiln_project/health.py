@@ -75,6 +75,26 @@ def check_workers() -> dict:
     }
 
 
+def public_view(body: dict) -> dict:
+    """What /health tells a caller without credentials: status fields only (no pids, paths,
+    URLs, versions or error texts, which a probe could use)."""
+    workers = body["workers"]
+    out = {
+        "status": body["status"],
+        "serving_profile": body["serving_profile"],
+        "database": {"ok": body["database"]["ok"]},
+        "broker": {"ok": body["broker"]["ok"]},
+        "workers": {"ok": workers["ok"], "queues_served": workers["queues_served"]},
+        "model": {"configured": body["model"]["configured"], "loadable": body["model"]["loadable"]},
+        "training_backend": {"ready": body["training_backend"]["ready"]},
+        "inference": {"available": body["inference"]["available"]},
+        "detail": "send Authorization: Bearer <token> (or log in) for the full report",
+    }
+    if "error" in body:
+        out["error"] = body["error"]
+    return out
+
+
 def health_report() -> tuple[int, dict]:
     database = check_database()
     broker = check_broker()

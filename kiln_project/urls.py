@@ -5,12 +5,16 @@ from django.http import JsonResponse
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from core.accounts.auth import api_auth
 from kiln_project.api import api
-from kiln_project.health import health_report
+from kiln_project.health import health_report, public_view
 
 
 def health(request):
+    """The one route without auth: status fields for anyone, the full report for a signed-in caller."""
     status, body = health_report()
+    if api_auth(request) is None:
+        body = public_view(body)
     return JsonResponse(body, status=status)
 
 

@@ -54,6 +54,27 @@ def api_auth(request):
     return None
 
 
+def require_api_user(view):
+    """Decorate a plain Django view (ninja's OpenAPI document and docs page) with the API's auth:
+    a Bearer token, a logged-in session, or anonymous loopback access where allowed; else 401."""
+    from functools import wraps
+
+    from django.http import JsonResponse
+
+    from core.errors import error_envelope
+
+    @wraps(view)
+    def guarded(request, *args, **kwargs):
+        if api_auth(request) is None:
+            return JsonResponse(error_envelope(
+                "unauthorized", "authentication required",
+                "send Authorization: Bearer <token> (create one with: kiln token create USER), or log in at /ui/"),
+                status=401)
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
 def require_permission(request, codename: str) -> None:
     """Raise 403 `permission_denied` unless the caller holds jobs.<codename>."""
     if not request.user.has_perm(f"jobs.{codename}"):

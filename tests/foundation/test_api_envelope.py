@@ -141,7 +141,10 @@ def test_anonymous_api_only_when_enabled_and_from_loopback(client, settings):
     _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="10.1.2.3"), 401, "unauthorized")
 
 
-def test_openapi_and_offline_docs(client):
+def test_openapi_and_offline_docs(client, api):
+    _assert_envelope(client.get("/v1/openapi.json"), 401, "unauthorized")  # behind auth like every route
+    _assert_envelope(client.get("/v1/docs"), 401, "unauthorized")
+    client = api
     spec = client.get("/v1/openapi.json").json()
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/config"} <= set(spec["paths"])
     docs = client.get("/v1/docs")

@@ -59,3 +59,21 @@ def test_serving_profiles(settings, profile, activity, refused):
         assert (info.value.code, info.value.status) == ("inference_disabled_by_profile", 503)
     else:
         require_profile_allows(activity)
+
+
+def test_health_without_credentials_gives_status_fields_only(client, monkeypatch, settings):
+    import json
+
+    from core.accounts.services import token_create, user_create
+    from kiln_project import health
+
+    monkeypatch.setattr(health, "check_broker", lambda: {"ok": True, "url": "unix:///secret/redis.sock"})
+    public = client.get("/health").json()
+    text = json.dumps(public)
+    assert public["status"] == "degraded" and public["broker"] == {"ok": True}
+    assert set(public["workers"]) == {"ok", "queues_served"} and "training_backend" in public
+    assert "/secret/" not in text and str(settings.KILN.home) not in text and "pid" not in text
+    user_create(username="ops", password="long-enough-pw")
+    full = client.get("/health", HTTP_AUTHORIZATION=f"Bearer {token_create(username='ops')[1]}").json()
+    assert full["broker"]["url"] == "unix:///secret/redis.sock" and "workers" in full["workers"]
+    assert "reason" in full["training_backend"]

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from tests.support.stack import REPO, free_port, wait_until
+from tests.support.stack import REPO, cli_token, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -21,6 +21,13 @@ def _pid_gone(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _reachable(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code in (200, 503)
+    except httpx.TransportError:
+        return False
 
 
 def test_serve_starts_redis_workers_and_web_then_stops_them_all(tmp_path):
@@ -34,9 +41,12 @@ def test_serve_starts_redis_workers_and_web_then_stops_them_all(tmp_path):
                              cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
+        wait_until(lambda: _reachable(url), 90, what="kiln serve to answer /health")
+        headers = {"Authorization": f"Bearer {cli_token(env)}"}  # the full report needs credentials
+
         def healthy():
             try:
-                body = httpx.get(url + "/health", timeout=2).json()
+                body = httpx.get(url + "/health", timeout=2, headers=headers).json()
             except (httpx.TransportError, ValueError):
                 return None
             return body if {"gpu", "infer", "control"} <= set(body["workers"]["queues_served"]) else None

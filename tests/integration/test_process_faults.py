@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.stack import REPO, free_port, wait_until
+from tests.support.stack import REPO, cli_token, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -41,15 +41,22 @@ def _serve(tmp_path, port, log_name="serve.log"):
                             cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT), env
 
 
-def _health(url):
+def _health(url, token=None):
     try:
-        return httpx.get(url + "/health", timeout=2).json()
+        return httpx.get(url + "/health", timeout=2,
+                         headers={"Authorization": f"Bearer {token}"} if token else {}).json()
     except (httpx.TransportError, ValueError):
         return None
 
 
-def _workers(url, queue):
-    body = _health(url) or {}
+def _observer(url, env):
+    """Wait for the web process, then make a token: the full /health report needs credentials."""
+    wait_until(lambda: _health(url), 90, what="kiln serve to answer /health")
+    return cli_token(env)
+
+
+def _workers(url, queue, token):
+    body = _health(url, token) or {}
     return [w for w in (body.get("workers") or {}).get("workers", []) if queue in w.get("queues", [])]
 
 
@@ -58,8 +65,9 @@ def test_kill_9_of_serve_leaves_no_children_and_a_second_serve_refuses(tmp_path)
     url = f"http://127.0.0.1:{port}"
     serve, env = _serve(tmp_path, port)
     try:
-        body = wait_until(lambda: (b := _health(url)) and {"gpu", "control"} <= set(b["workers"]["queues_served"]) and b,
-                          90, what="kiln serve to report both workers")
+        token = _observer(url, env)
+        body = wait_until(lambda: (b := _health(url, token)) and {"gpu", "control"} <= set(b["workers"]["queues_served"])
+                          and b, 90, what="kiln serve to report both workers")
         pids = [int(w["id"].split(":")[1]) for w in body["workers"]["workers"]]
         pids += [_ppid(pid) for pid in pids]  # dramatiq's supervisors too
         redis = subprocess.run(["pgrep", "-f", f"redis-server.*{tmp_path}"], capture_output=True, text=True)
@@ -93,9 +101,10 @@ def test_kill_9_of_serve_leaves_no_children_and_a_second_serve_refuses(tmp_path)
 def test_kill_9_of_the_gpu_workers_supervisor_stops_the_worker_before_a_new_one_takes_the_device(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    serve, _ = _serve(tmp_path, port)
+    serve, env = _serve(tmp_path, port)
     try:
-        [old] = wait_until(lambda: [w for w in _workers(url, "gpu")
+        token = _observer(url, env)
+        [old] = wait_until(lambda: [w for w in _workers(url, "gpu", token)
                                     if (w.get("status") or {}).get("gpu_lock", {}).get("waiting") is False] or None,
                            90, what="the GPU worker to hold the device")
         old_pid = int(old["id"].split(":")[1])
@@ -106,7 +115,7 @@ def test_kill_9_of_the_gpu_workers_supervisor_stops_the_worker_before_a_new_one_
             last_alive = time.time()
             assert last_alive - killed < 90, "the orphaned GPU worker kept running"
             time.sleep(0.05)
-        new = wait_until(lambda: [w for w in _workers(url, "gpu") if int(w["id"].split(":")[1]) != old_pid
+        new = wait_until(lambda: [w for w in _workers(url, "gpu", token) if int(w["id"].split(":")[1]) != old_pid
                                   and (w.get("status") or {}).get("gpu_lock", {}).get("waiting") is False] or None,
                          120, what="the restarted GPU worker to take the device")
         new_pid = int(new[0]["id"].split(":")[1])

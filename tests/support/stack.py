@@ -49,6 +49,7 @@ class Stack:
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
         self._pg_admin_url = None
+        self._observer_token: str | None = None
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "kiln_project.settings",
@@ -182,7 +183,11 @@ class Stack:
 
     # --- API helpers ----------------------------------------------------------------------
     def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=5).json()
+        """The full /health report (it needs credentials: a stack keeps an observer's token)."""
+        if self._observer_token is None:
+            self._observer_token = self.create_user("stack-observer", "observer-password-42")
+        return httpx.get(self.url + "/health", timeout=5,
+                         headers={"Authorization": f"Bearer {self._observer_token}"}).json()
 
     def create_user(self, username: str = "alice", password: str = "correct-horse-42", *flags: str) -> str:
         """Create a user and return an API token for them."""
@@ -198,3 +203,13 @@ class Stack:
         if result.returncode != 0:
             raise AssertionError(f"submit failed:\n{result.stdout}\n{result.stderr}")
         return result.stdout.split()
+
+
+def cli_token(env: dict, username: str = "observer", password: str = "observer-password-42") -> str:
+    """A user and an API token made with the CLI against the KILN_HOME in `env` (already migrated)."""
+    cli = [sys.executable, "-m", "kiln_project.cli.main"]
+    subprocess.run([*cli, "user", "create", username], env={**env, "KILN_PASSWORD": password}, cwd=REPO,
+                   check=True, capture_output=True, timeout=120)
+    made = subprocess.run([*cli, "token", "create", username], env=env, cwd=REPO, check=True,
+                          capture_output=True, text=True, timeout=120)
+    return made.stdout.strip()
