@@ -5,23 +5,15 @@ import os
 import stat
 
 import pytest
-from django.test import Client
 
 from adapters.models import Adapter
-from core.accounts.services import token_create, user_create
 from core.canonical import sha256_digest
 from core.jobs.models import Job
+from tests.training.conftest import GROUP
 
 pytestmark = pytest.mark.django_db
 
-GROUP = {"messages": [{"role": "user", "content": "What is 2 + 3?"}],
-         "completions": [{"text": "5", "reward": 1.0}, {"text": "6", "reward": 0.0}]}
 
-
-@pytest.fixture
-def api():
-    user_create(username="trainer", password="long-enough-pw")
-    return Client(headers={"Authorization": f"Bearer {token_create(username='trainer')[1]}"})
 
 
 def _post(api, body, route="/v1/train/grpo"):

@@ -6,22 +6,13 @@ import os
 
 import pytest
 from django.conf import settings
-from django.test import Client
 
-from core.accounts.services import token_create, user_create
 from core.jobs.models import Job
+from tests.training.conftest import GROUP
 
 pytestmark = pytest.mark.django_db
 
-GROUP = {"messages": [{"role": "user", "content": "What is 2 + 3?"}],
-         "completions": [{"text": "5", "reward": 1.0}, {"text": "6", "reward": 0.0}]}
 
-
-@pytest.fixture
-def api():
-    user_create(username="trainer", password="long-enough-pw")
-    return Client(headers={"Authorization": f"Bearer {token_create(username='trainer')[1]}"},
-                  raise_request_exception=False)
 
 
 def post(api, route, body):

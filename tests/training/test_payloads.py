@@ -9,12 +9,11 @@ from django.test import Client
 from core.accounts.services import token_create, user_create
 from core.jobs.kinds import get_job_kind
 from core.jobs.models import Job
+from tests.training.conftest import GROUP
 from training.payloads import GrpoJobPayload
 
 pytestmark = pytest.mark.django_db
 
-GROUP = {"messages": [{"role": "user", "content": "What is 2 + 3?"}],
-         "completions": [{"text": "5", "reward": 1.0}, {"text": "6", "reward": 0.0}]}
 
 
 def test_a_grpo_job_payload_round_trips_through_the_row():

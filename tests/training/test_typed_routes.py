@@ -8,17 +8,11 @@ from django.test import Client
 
 from core.accounts.services import token_create, user_create
 from core.jobs.models import Job, JobEvent, JobState
+from tests.training.conftest import GROUP
 
 pytestmark = pytest.mark.django_db
 
-GROUP = {"messages": [{"role": "user", "content": "What is 2 + 3?"}],
-         "completions": [{"text": "5", "reward": 1.0}, {"text": "6", "reward": 0.0}]}
 
-
-@pytest.fixture
-def api():
-    user_create(username="trainer", password="long-enough-pw")
-    return Client(headers={"Authorization": f"Bearer {token_create(username='trainer')[1]}"})
 
 
 def _post(api, body):
@@ -89,7 +83,6 @@ def test_deleting_a_finished_job_keeps_its_row_and_events(api):
 def test_deleting_another_users_job_needs_its_own_permission(api):
     from django.contrib.auth.models import Permission
 
-    from core.accounts.services import token_create, user_create
 
     job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "theirs-r001"}}).json()["job_id"]
     Job.objects.filter(uuid=job_id).update(state=JobState.COMPLETED)
