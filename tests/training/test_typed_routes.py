@@ -111,3 +111,22 @@ def test_a_resume_without_a_seed_inherits_the_checkpoints_effective_seed(api, se
     unknown = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001d",
                                                          "resume_checkpoint": "nope.kiln-checkpoint"}})
     assert unknown.status_code == 200 and unknown.json()["effective_seed"].isdigit()  # the worker names it
+
+
+def test_auto_load_by_a_non_approver_is_refused_once_a_team_exists(api):
+    from django.contrib.auth.models import Permission
+
+    from core.accounts.services import token_create, user_create
+
+    alone = _post(api, {"groups": [GROUP], "config": {"output_name": "solo-r001"}})  # auto_load defaults to true
+    assert alone.status_code == 200, alone.content  # one user on the machine: the guide's default stands
+    user_create(username="reviewer", password="long-enough-pw")
+    refused = _post(api, {"groups": [GROUP], "config": {"output_name": "team-r001"}})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "activation_needs_approval"
+    assert _post(api, {"groups": [GROUP], "config": {"output_name": "team-r001", "auto_load": False}}).status_code == 200
+    approver = user_create(username="approver", password="long-enough-pw")
+    approver.user_permissions.add(Permission.objects.get(codename="submit_job"),
+                                  Permission.objects.get(codename="approve_promotion"))
+    approver_api = Client(headers={"Authorization": f"Bearer {token_create(username='approver')[1]}"})
+    assert _post(approver_api, {"groups": [GROUP], "config": {"output_name": "team-r002"}}).status_code == 200
+    assert not Job.objects.filter(payload__adapter_name="team-r001", payload__config__auto_load=True).exists()
