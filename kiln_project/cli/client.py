@@ -1,12 +1,16 @@
 """A small HTTP client for the Kiln API used by every client command.
 
 It reads --url (default KILN_URL, else http://127.0.0.1:8420) and KILN_API_TOKEN, and turns the
-API's error envelope into CliError so the command prints one line and exits non-zero.
+API's error envelope into CliError so the command prints one line and exits non-zero. Without
+KILN_API_TOKEN, a command talking to a loopback server uses the token `./scripts/serve` saved for
+this machine's user in KILN_HOME/cli-token (never sent to any other host).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -23,14 +27,29 @@ class CliError(Exception):
         return f"{text} (hint: {self.hint})" if self.hint else text
 
 
+CLI_TOKEN_FILE = "cli-token"
+
+
 def default_url() -> str:
     return os.environ.get("KILN_URL") or DEFAULT_URL
+
+
+def local_token(url: str) -> str | None:
+    """The token saved in KILN_HOME/cli-token, for a server on this machine only."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    home = Path(os.environ.get("KILN_HOME") or Path.home() / ".kiln").expanduser()
+    try:
+        return (home / CLI_TOKEN_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 class KilnClient:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         self.url = (url or default_url()).rstrip("/")
-        token = token if token is not None else os.environ.get("KILN_API_TOKEN")
+        token = token if token is not None else os.environ.get("KILN_API_TOKEN") or local_token(self.url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
