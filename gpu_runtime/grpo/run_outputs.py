@@ -95,6 +95,9 @@ class RunOutputs:
                 self.request.checkpoint_root, self.request.adapter_name, keep_last=self.config.checkpoint_keep_last,
                 protect=self.resume[0] if self.resume else None)
             self.checkpoints = [p for p in self.checkpoints if p not in removed]
+            # Job detail names the newest checkpoint while the run goes on, and after a cancel.
+            self.on_progress({"step": step, "total_steps": self.total_steps,
+                              "progress": step / max(self.total_steps, 1), "latest_checkpoint": str(path)})
         except TrainingError as exc:
             self.checkpoint_errors.append(exc.message)
         self.timings["checkpoint_ms"] += (time.perf_counter() - started) * 1000.0

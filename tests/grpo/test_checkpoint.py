@@ -172,3 +172,12 @@ def test_retention_keeps_the_newest_checkpoints_and_never_the_resume_source(tiny
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path, "ret")] == [1, 4, 5]
     assert [p.name for p in resumed.checkpoints] == [p.name for _, p in checkpoint.list_checkpoints(tmp_path, "ret")][1:]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no retired folder is left"
+
+
+def test_progress_names_the_newest_checkpoint_while_running_and_at_a_cancel(tiny_model_dir, tmp_path, one_thread):
+    progress = []
+    stopped = run(train_request(tiny_model_dir, fixed_groups(4), tmp_path, "live", checkpoint_interval=1),
+                  stop_after=2, progress=progress)
+    named = [figures["latest_checkpoint"] for figures in progress if "latest_checkpoint" in figures]
+    assert named == [str(p) for p in stopped.checkpoints]  # each one as soon as it is published
+    assert named[-1].endswith("live-checkpoint-step-00000002.kiln-checkpoint")  # the cancel's own

@@ -162,7 +162,7 @@ def test_gpu_writer_is_held_for_gpu_work_and_released_for_callbacks(tiny_model_d
         should_stop=lambda: False,
         gpu_writer=writer,
     )
-    assert calls == [False] * 4
+    assert calls == [False] * 6  # 4 group reports + 2 checkpoint reports, none under the writer lock
     # setup + 4 groups + 2 checkpoint snapshots + final work
     assert state["enters"] == result.receipt["phase_timings"]["gpu_writer_acquisitions"] == 8
     assert [p.name for p in result.checkpoints] == [
