@@ -25,8 +25,15 @@ def token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
     if user is None:
         raise KilnError("user_not_found", f"no user named {username!r}",
                         hint="create it first: kiln user create USERNAME")
+    return token_issue(user=user, name=name)
+
+
+def token_issue(*, user, name: str = "", token: ApiToken | None = None) -> tuple[ApiToken, str]:
+    """Fill (or create) a token row with a fresh secret's prefix and hash; return it and the secret."""
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(user=user, name=name, prefix=secret[:12], token_hash=_hash(secret))
+    token = token or ApiToken(user=user, name=name)
+    token.user, token.prefix, token.token_hash = user, secret[:12], _hash(secret)
+    token.save()
     return token, secret
 
 

@@ -168,3 +168,18 @@ def test_admin_shows_jobs_and_events_read_only(admin_client):
     assert "queued on gpu" in page.content.decode()  # the event inline
     assert admin_client.get("/admin/jobs/job/add/").status_code == 403
     assert admin_client.post(f"/admin/jobs/job/{job.id}/delete/", {"post": "yes"}).status_code == 403
+
+
+def test_adding_a_token_in_the_admin_issues_a_working_secret_once(admin_client, admin_user):
+    import re
+
+    from core.accounts.models import ApiToken
+
+    page = admin_client.post("/admin/accounts/apitoken/add/", {"user": admin_user.pk, "name": "ci"}, follow=True)
+    assert page.status_code == 200
+    [secret] = re.findall(r"(kiln_[A-Za-z0-9_-]{20,})", page.content.decode())
+    token = ApiToken.objects.get()
+    assert token.prefix == secret[:12] and token.token_hash and token.token_hash not in page.content.decode()
+    assert Client(headers={"Authorization": f"Bearer {secret}"}).get("/v1/jobs").status_code == 200
+    second = admin_client.post("/admin/accounts/apitoken/add/", {"user": admin_user.pk, "name": ""}, follow=True)
+    assert second.status_code == 200 and ApiToken.objects.count() == 2  # no clash on an empty hash
