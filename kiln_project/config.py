@@ -42,6 +42,7 @@ class KilnConfig:
     extra_dataset_roots: tuple[Path, ...] = field(default_factory=tuple)
     # Host names a browser page may open the live sockets from, besides loopback and the bind address.
     allowed_hosts: tuple[str, ...] = field(default_factory=tuple)
+    production: bool = False  # HTTPS behind a proxy: secure cookies, HSTS, the hosts above only
 
     @property
     def dataset_roots(self) -> tuple[Path, ...]:
@@ -178,6 +179,8 @@ def load_config(env: dict | None = None) -> KilnConfig:
         extra_job_modules=tuple(m.strip() for m in extra_modules.split(",") if m.strip()),
         extra_dataset_roots=_extra_dataset_roots(env, training_toml, config_file),
         allowed_hosts=_allowed_hosts(env, server_toml),
+        production=(_parse_bool("KILN_PRODUCTION", env["KILN_PRODUCTION"]) if "KILN_PRODUCTION" in env
+                    else bool(server_toml.get("production", False))),
     )
 
 

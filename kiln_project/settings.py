@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from core.redis_clients import blocking_client_options
 from kiln_project.config import load_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 KILN = load_config()
-KILN.home.mkdir(parents=True, exist_ok=True)
+if not KILN.home.exists():
+    KILN.home.mkdir(parents=True, mode=0o700)  # private: the database, the secret key, tokens
 
 
 def _secret_key() -> str:
     """Use KILN_SECRET_KEY, else a key generated once and kept in KILN_HOME (never in the repo)."""
     if KILN.secret_key:
         return KILN.secret_key
+    if KILN.production:
+        raise ImproperlyConfigured("production settings need KILN_SECRET_KEY from the environment "
+                                   "(50 or more random characters)")
     key_file = KILN.home / "secret_key"
     if not key_file.exists():
         tmp = key_file.with_name(".secret_key.tmp")
@@ -30,7 +36,20 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = False
-ALLOWED_HOSTS = ["*"]  # Kiln binds loopback by default; a proxy in front decides exposure.
+# Loopback by default, where a proxy in front decides exposure; production names its hosts.
+ALLOWED_HOSTS = list(KILN.allowed_hosts) if KILN.production else ["*"]
+
+if KILN.production:
+    # KILN_PRODUCTION=1 (or [server] production = true): Kiln behind an HTTPS proxy
+    # (docs/deploy.md). `manage.py check --deploy` is clean with these.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_HSTS_SECONDS = 31_536_000
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    CSRF_TRUSTED_ORIGINS = [f"https://{host}" for host in KILN.allowed_hosts]
 
 INSTALLED_APPS = [
     "daphne",
@@ -91,6 +110,10 @@ TEMPLATES = [
 _env = environ.Env()
 DATABASES = {"default": _env.db_url_config(KILN.effective_database_url)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    _db_file = Path(DATABASES["default"]["NAME"])
+    if not _db_file.exists():  # created 0600 before SQLite opens it (its -wal and -shm follow suit)
+        _db_file.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(_db_file, os.O_CREAT | os.O_WRONLY, 0o600))
     # WAL lets the workers write while the web process reads; the timeout rides out short locks.
     DATABASES["default"]["OPTIONS"] = {
         "timeout": 30,
