@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "django_dramatiq",
+    "axes",
     "core",
     "core.accounts",
     "core.jobs",
@@ -86,7 +87,18 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login
 ]
+
+# Login throttling (django-axes): after 10 wrong passwords for one account, or from one client
+# address, logins from there are refused with 429 for 15 minutes. API tokens: core.accounts.auth.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = 10
+AXES_COOLOFF_TIME = 0.25  # hours
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False  # no start-up banner in every CLI command's output
 
 ROOT_URLCONF = "kiln_project.urls"
 ASGI_APPLICATION = "kiln_project.asgi.application"

@@ -28,6 +28,15 @@ def stack(stack_factory) -> Stack:
     return stack_factory()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """The cache holds throttling counters (wrong API tokens per address): none leak between tests."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """A tiny model built by the real create-tiny recipe (cached across runs; see tests/support/tiny_cache.py)."""

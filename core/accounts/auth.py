@@ -29,18 +29,52 @@ class LoopbackAnonymous(AnonymousUser):
         return True
 
 
+# Token guessing: this many wrong bearer tokens from one client address within the window, and
+# every bearer request from there answers 429 with Retry-After until the window has passed.
+BAD_TOKEN_LIMIT = 20
+BAD_TOKEN_WINDOW_SECONDS = 300
+
+
+def _bad_token_key(request) -> str:
+    return f"kiln:bad-token:{request.META.get('REMOTE_ADDR', '')}"
+
+
+def _check_token_throttle(request) -> None:
+    from django.core.cache import cache
+
+    if cache.get(_bad_token_key(request), 0) >= BAD_TOKEN_LIMIT:
+        raise KilnError("too_many_requests", "too many wrong API tokens from this address", status=429,
+                        hint=f"wait {BAD_TOKEN_WINDOW_SECONDS} s; create a token with: kiln token create USER",
+                        headers={"Retry-After": str(BAD_TOKEN_WINDOW_SECONDS)})
+
+
+def _count_bad_token(request) -> None:
+    from django.core.cache import cache
+
+    key = _bad_token_key(request)
+    if not cache.add(key, 1, BAD_TOKEN_WINDOW_SECONDS):
+        try:
+            cache.incr(key)
+        except ValueError:  # expired between add and incr
+            cache.add(key, 1, BAD_TOKEN_WINDOW_SECONDS)
+
+
 def api_auth(request):
     """ninja auth callable: the authenticated user, or None (answered as 401 `unauthorized`)."""
     header = request.headers.get("Authorization", "")
     if header:
+        _check_token_throttle(request)
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
+            _count_bad_token(request)
             return None
         from core.accounts.services import token_authenticate
 
         user = token_authenticate(secret=secret.strip())
         if user is not None:
             request.user = user
+        else:
+            _count_bad_token(request)
         return user
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
@@ -65,7 +99,14 @@ def require_api_user(view):
 
     @wraps(view)
     def guarded(request, *args, **kwargs):
-        if api_auth(request) is None:
+        try:
+            user = api_auth(request)
+        except KilnError as exc:  # throttled
+            response = JsonResponse(exc.envelope(), status=exc.status)
+            for name, value in exc.headers.items():
+                response[name] = value
+            return response
+        if user is None:
             return JsonResponse(error_envelope(
                 "unauthorized", "authentication required",
                 "send Authorization: Bearer <token> (create one with: kiln token create USER), or log in at /ui/"),

@@ -124,7 +124,10 @@ def test_session_auth_requires_csrf_for_writes():
     user_create(username="bob", password="long-enough-pw")
     job = job_submit(kind="test.steps", payload={})
     browser = Client(enforce_csrf_checks=True)
-    assert browser.login(username="bob", password="long-enough-pw")
+    from django.http import HttpRequest
+
+    # axes throttles logins, so authenticate() needs the request it counts against
+    assert browser.login(request=HttpRequest(), username="bob", password="long-enough-pw")
     assert browser.get("/v1/jobs").status_code == 200
     _assert_envelope(browser.delete(f"/v1/jobs/{job.uuid}"), 403, "csrf_failed")
     csrf = "k" * 32  # what the csrftoken cookie holds; the header must echo it
@@ -183,3 +186,31 @@ def test_adding_a_token_in_the_admin_issues_a_working_secret_once(admin_client, 
     assert Client(headers={"Authorization": f"Bearer {secret}"}).get("/v1/jobs").status_code == 200
     second = admin_client.post("/admin/accounts/apitoken/add/", {"user": admin_user.pk, "name": ""}, follow=True)
     assert second.status_code == 200 and ApiToken.objects.count() == 2  # no clash on an empty hash
+
+
+def test_token_guessing_is_throttled_per_address_with_retry_after(client):
+    from django.core.cache import cache
+
+    from core.accounts.auth import BAD_TOKEN_LIMIT
+
+    cache.clear()
+    user_create(username="guessed", password="long-enough-pw")
+    good = token_create(username="guessed")[1]
+    for attempt in range(BAD_TOKEN_LIMIT):
+        _assert_envelope(client.get("/v1/jobs", HTTP_AUTHORIZATION=f"Bearer kiln_wrong{attempt}"), 401, "unauthorized")
+    throttled = client.get("/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {good}")  # even the right one, for a while
+    _assert_envelope(throttled, 429, "too_many_requests")
+    assert int(throttled["Retry-After"]) > 0
+    assert client.get("/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {good}", REMOTE_ADDR="10.9.9.9").status_code == 200
+    cache.clear()
+
+
+def test_password_guessing_on_the_login_page_is_throttled(client):
+    user_create(username="target", password="the-right-password")
+    for _ in range(10):
+        client.post("/ui/login/", {"username": "target", "password": "wrong"})
+    locked = client.post("/ui/login/", {"username": "target", "password": "the-right-password"})
+    assert locked.status_code == 429  # 10 wrong ones, then the right one: still refused
+    admin = client.post("/admin/login/", {"username": "target", "password": "the-right-password"},
+                        REMOTE_ADDR="10.1.1.1")
+    assert admin.status_code == 429  # per account, whatever the address
