@@ -50,9 +50,8 @@ def get_job_events(request, job_id: str, before: int | None = None, limit: int =
     job = _get_or_404(job_id)
     if not 1 <= limit <= MAX_EVENTS_PAGE:
         raise KilnError("invalid_limit", f"limit must be between 1 and {MAX_EVENTS_PAGE}", status=400)
-    events = selectors.job_events(job=job, limit=limit, before=before)
-    older = bool(events) and job.events.filter(id__lt=events[0].id).exists()
-    return {"events": events, "next_before": events[0].id if older else None}
+    events, next_before = selectors.job_events_page(job=job, limit=limit, before=before)
+    return {"events": events, "next_before": next_before}
 
 
 @router.delete("/{job_id}", response=JobOut, summary="Cancel a queued or running job")

@@ -46,6 +46,13 @@ def job_events(*, job: Job, limit: int = 50, before: int | None = None):
     return list(events[:limit])[::-1]
 
 
+def job_events_page(*, job: Job, limit: int, before: int | None = None) -> tuple[list, int | None]:
+    """One page of events (oldest first) and the `before` that gives the next, older page (or None)."""
+    events = job_events(job=job, limit=limit, before=before)
+    older = bool(events) and job.events.filter(id__lt=events[0].id).exists()
+    return events, (events[0].id if older else None)
+
+
 def job_event_count(*, job: Job) -> int:
     return job.events.count()
 

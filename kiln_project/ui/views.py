@@ -86,11 +86,10 @@ def job_events(request, job_id):
         before = int(request.GET["before"]) if request.GET.get("before") else None
     except ValueError:
         raise Http404("no such page") from None
-    events = selectors.job_events(job=job, limit=EVENTS_PAGE, before=before)
-    older = bool(events) and job.events.filter(id__lt=events[0].id).exists()
+    events, older_before = selectors.job_events_page(job=job, limit=EVENTS_PAGE, before=before)
     return render(request, "ui/jobs/events.html", {
         "job": job, "events": events, "events_total": selectors.job_event_count(job=job),
-        "older_before": events[0].id if older else None, "is_first_page": before is None})
+        "older_before": older_before, "is_first_page": before is None})
 
 
 @login_required
