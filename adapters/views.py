@@ -14,6 +14,12 @@ from adapters.receipt_view import receipt_view
 
 
 @login_required
+def promotions(request):
+    """The promotions queue (the workflow lands with the promotions issue)."""
+    return render(request, "ui/promotions.html")
+
+
+@login_required
 def adapters(request):
     return render(request, "ui/adapters.html", {"adapters": list(adapter_selectors.adapter_list())})
 

@@ -306,6 +306,30 @@ class HomeLayout:
         return self.root / "datasets"
 
     @property
+    def database(self) -> Path:
+        """The default SQLite database (when DATABASE_URL names none)."""
+        return self.root / "kiln.sqlite3"
+
+    @property
+    def secret_key(self) -> Path:
+        """The generated Django secret key (when KILN_SECRET_KEY is not set)."""
+        return self.root / "secret_key"
+
+    @property
+    def redis_socket(self) -> Path:
+        """The private Redis `kiln serve` starts (when KILN_REDIS_URL names none)."""
+        return self.root / "redis" / "redis.sock"
+
+    @property
+    def static(self) -> Path:
+        return self.root / "static"
+
+    @property
+    def cli_token(self) -> Path:
+        """The token ./scripts/serve saves for this machine's CLI."""
+        return self.root / "cli-token"
+
+    @property
     def locks(self) -> Path:
         """Process locks (core.process_locks): the GPU device, the one `kiln serve` per home."""
         return self.root / "locks"

@@ -57,7 +57,7 @@ class KilnConfig:
     @property
     def redis_socket(self) -> Path:
         """Where `kiln serve` puts its private Redis when no KILN_REDIS_URL is given."""
-        return self.home / "redis" / "redis.sock"
+        return self.layout.redis_socket
 
     @property
     def effective_redis_url(self) -> str:
@@ -65,7 +65,7 @@ class KilnConfig:
 
     @property
     def effective_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.home / 'kiln.sqlite3'}"
+        return self.database_url or f"sqlite:///{self.layout.database}"
 
     def public_dict(self) -> dict:
         """The configuration as shown to users: secrets and credentials left out."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from core.artifacts import write_file
 from core.redis_clients import blocking_client_options
 from kiln_project.config import load_config
 
@@ -25,12 +26,12 @@ def _secret_key() -> str:
     if KILN.production:
         raise ImproperlyConfigured("production settings need KILN_SECRET_KEY from the environment "
                                    "(50 or more random characters)")
-    key_file = KILN.home / "secret_key"
+    key_file = KILN.layout.secret_key
     if not key_file.exists():
-        tmp = key_file.with_name(".secret_key.tmp")
-        tmp.write_text(secrets.token_urlsafe(50))
-        tmp.chmod(0o600)
-        tmp.replace(key_file)
+        try:  # exclusive: two processes starting at once keep one key
+            write_file(key_file, secrets.token_urlsafe(50).encode(), mode=0o600, exclusive=True)
+        except FileExistsError:
+            pass
     return key_file.read_text().strip()
 
 
@@ -181,7 +182,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATIC_ROOT = KILN.home / "static"
+STATIC_ROOT = KILN.layout.static
 STATIC_ROOT.mkdir(exist_ok=True)
 STATICFILES_DIRS = [BASE_DIR / "static"]
 WHITENOISE_USE_FINDERS = True  # serve straight from the apps' static dirs: no collectstatic step

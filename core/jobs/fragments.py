@@ -59,6 +59,13 @@ def job_detail_context(job) -> dict:
     return context
 
 
+def category_page(request, *, category: str, template: str):
+    """A page that lists one UI category's jobs (an app's landing page until it has more to show)."""
+    from django.shortcuts import render
+
+    return render(request, template, table_context(jobs_for_table(category=category), category=category))
+
+
 def table_context(jobs, *, category: str | None = None, limit: int = DEFAULT_LIMIT) -> dict:
     """What templates/ui/jobs/table.html needs: rows, empty text and its live socket's URL."""
     query = "&".join(part for part in (f"category={category}" if category else "",

@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from core.artifacts import HomeLayout
+
 DEFAULT_URL = "http://127.0.0.1:8420"
 
 
@@ -27,9 +29,6 @@ class CliError(Exception):
         return f"{text} (hint: {self.hint})" if self.hint else text
 
 
-CLI_TOKEN_FILE = "cli-token"
-
-
 def default_url() -> str:
     return os.environ.get("KILN_URL") or DEFAULT_URL
 
@@ -41,7 +40,7 @@ def local_token(url: str) -> str | None:
         return None
     home = Path(os.environ.get("KILN_HOME") or Path.home() / ".kiln").expanduser()
     try:
-        return (home / CLI_TOKEN_FILE).read_text().strip() or None
+        return HomeLayout(home).cli_token.read_text().strip() or None
     except OSError:
         return None
 

@@ -4,6 +4,7 @@ from its urls.py; every page requires a logged-in user."""
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from adapters.urls import promotion_urlpatterns
 from kiln_project.ui import views
 
 app_name = "ui"
@@ -11,11 +12,10 @@ urlpatterns = [
     path("", views.overview, name="overview"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("training/openenv/", views.training_openenv, name="training_openenv"),
     path("training/", include("training.urls")),  # each app owns its pages
     path("adapters/", include("adapters.urls")),
-    path("evaluations/", views.evaluations, name="evaluations"),
-    path("promotions/", views.promotions, name="promotions"),
+    path("promotions/", include(promotion_urlpatterns)),
+    path("evaluations/", include("evaluations.urls")),
     path("jobs/", views.jobs, name="jobs"),
     path("jobs/<uuid:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job_cancel"),

@@ -42,26 +42,6 @@ def jobs(request):
     return render(request, "ui/jobs/list.html", context)
 
 
-def _category_page(request, *, category: str, template: str):
-    jobs = fragments.jobs_for_table(category=category)
-    return render(request, template, fragments.table_context(jobs, category=category))
-
-
-@login_required
-def training_openenv(request):
-    return _category_page(request, category="openenv", template="ui/training_openenv.html")
-
-
-@login_required
-def evaluations(request):
-    return _category_page(request, category="evaluation", template="ui/evaluations.html")
-
-
-@login_required
-def promotions(request):
-    return render(request, "ui/promotions.html")
-
-
 def _job_or_404(job_id):
     job = selectors.job_get(job_id=str(job_id))
     if job is None:
