@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from kiln_project.cli.client import CliError, KilnClient
@@ -58,7 +59,10 @@ def load_request(path: Path) -> dict:
 
 
 def build_request(args) -> dict:
-    body = load_request(args.file)
+    return _with_config(load_request(args.file), args)
+
+
+def _with_config(body: dict, args) -> dict:
     config = dict(body.get("config") or {})
     # The convenience command keeps the default behavior policy (no importance correction) unless the
     # request file chose one: recorded-policy corpora need an explicit config.behavior_policy.
@@ -95,10 +99,29 @@ def _final(status: dict, as_json: bool) -> int:
     return 0
 
 
+def _submit_grpo(client: KilnClient, args) -> dict:
+    """A file of groups goes by the streamed route, as the guide says: the server reads the file
+    (`dataset_path`), admits the whole corpus and pins a snapshot. When the server cannot read it
+    (another machine, or outside its dataset roots) the groups go inline instead, and a note says so.
+    A request file (an object with a source) is sent as written."""
+    inline = build_request(args)
+    if set(load_request(args.file)) != {"groups"}:
+        return client.post("/v1/train/grpo", json=inline)
+    streamed = {**{k: v for k, v in inline.items() if k != "groups"}, "dataset_path": str(args.file.resolve())}
+    try:
+        return client.post("/v1/train/grpo", json=streamed)
+    except CliError as exc:
+        if not (exc.code == "training_invalid_request" and exc.message.startswith("dataset_path: not a readable file")):
+            raise
+        print(f"note: the server cannot read {args.file.resolve()} ({exc.hint or 'outside its dataset roots'}); "
+              "sending the groups inline", file=sys.stderr)
+    return client.post("/v1/train/grpo", json=inline)
+
+
 def run(args) -> int:
     client = KilnClient(args.url)
     if args.train_command == "grpo":
-        response = client.post("/v1/train/grpo", json=build_request(args))
+        response = _submit_grpo(client, args)
         if args.follow:
             return _final(follow_training(client, response["job_id"]), args.json)
         if args.json:

@@ -83,6 +83,10 @@ def test_cli_train_grpo_follow_and_round_two_from_the_first_adapter(trainer_stac
     first = stack.kiln("train", "grpo", "--file", str(data), "--adapter", "cli-r001", "--lora-rank", "4",
                        "--follow", "--url", stack.url, env=env, timeout=300)
     assert first.stdout.split()[1:4] == ["completed", "adapter", "cli-r001"], first.stdout + first.stderr
+    # The guide: --file submits the streamed route (the server reads the file), and the receipt says so.
+    first_receipt = stack.client(token).get("/v1/adapters/cli-r001/receipt").json()
+    assert first_receipt["training_data"]["source"] == "dataset_path"
+    assert first_receipt["training_data"]["path"] == str(data.resolve())
     request = tmp_path / "round2.json"
     request.write_text(json.dumps({"dataset_path": str(data), "config": {
         "base_adapter": "cli-r001", "output_name": "cli-r002", "lora_rank": 4, "lora_alpha": 8,

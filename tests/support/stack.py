@@ -183,7 +183,8 @@ class Stack:
 
     # --- API helpers ----------------------------------------------------------------------
     def health(self) -> dict:
-        """The full /health report (it needs credentials: a stack keeps an observer's token)."""
+        """The full /health report (it needs credentials): with the first token the test made, else an
+        observer's (made once; it counts as a user, e.g. for the activation rule)."""
         if self._observer_token is None:
             self._observer_token = self.create_user("stack-observer", "observer-password-42")
         return httpx.get(self.url + "/health", timeout=5,
@@ -192,7 +193,9 @@ class Stack:
     def create_user(self, username: str = "alice", password: str = "correct-horse-42", *flags: str) -> str:
         """Create a user and return an API token for them."""
         self.kiln("user", "create", username, *flags, env={"KILN_PASSWORD": password})
-        return self.kiln("token", "create", username).stdout.strip()
+        token = self.kiln("token", "create", username).stdout.strip()
+        self._observer_token = self._observer_token or token
+        return token
 
     def client(self, token: str) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
