@@ -3,12 +3,17 @@
 It reads --url (default KILN_URL, else http://127.0.0.1:8420) and KILN_API_TOKEN, and turns the
 API's error envelope into CliError so the command prints one line and exits non-zero. Without
 KILN_API_TOKEN, a command talking to a loopback server uses the token `./scripts/serve` saved for
-this machine's user in KILN_HOME/cli-token (never sent to any other host).
+this machine's user in KILN_HOME/cli-token (never sent to any other host). A request answered
+`model_loading` (the server just started) is retried until the model is ready, for at most
+KILN_WAIT_READY_SECONDS (default 300), with one progress line on stderr.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -17,6 +22,8 @@ import httpx
 from core.artifacts import HomeLayout
 
 DEFAULT_URL = "http://127.0.0.1:8420"
+DEFAULT_WAIT_READY_SECONDS = 300.0
+READY_POLL_SECONDS = 2.0
 
 
 class CliError(Exception):
@@ -31,6 +38,13 @@ class CliError(Exception):
 
 def default_url() -> str:
     return os.environ.get("KILN_URL") or DEFAULT_URL
+
+
+def _wait_ready_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get("KILN_WAIT_READY_SECONDS", DEFAULT_WAIT_READY_SECONDS)))
+    except ValueError:
+        return DEFAULT_WAIT_READY_SECONDS
 
 
 def local_token(url: str) -> str | None:
@@ -51,8 +65,35 @@ class KilnClient:
         token = token if token is not None else os.environ.get("KILN_API_TOKEN") or local_token(self.url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self._announce_lock = threading.Lock()
+        self._announced = False
 
     def request(self, method: str, path: str, **kwargs):
+        """Send one request; while the server answers model_loading, wait (bounded) and send again."""
+        deadline = time.monotonic() + _wait_ready_seconds()
+        waited = False  # this request waited (concurrent requests share one announcement)
+        while True:
+            try:
+                result = self._send(method, path, **kwargs)
+            except CliError as exc:
+                if exc.code != "model_loading" or time.monotonic() + READY_POLL_SECONDS > deadline:
+                    raise
+                waited = True
+                with self._announce_lock:
+                    if not self._announced:
+                        self._announced = True
+                        print(f"kiln: waiting for the model to load at {self.url} (up to "
+                              f"{_wait_ready_seconds():.0f} s; KILN_WAIT_READY_SECONDS)", file=sys.stderr, flush=True)
+                time.sleep(READY_POLL_SECONDS)
+                continue
+            if waited:
+                with self._announce_lock:
+                    if self._announced:
+                        self._announced = False
+                        print("kiln: the model is ready", file=sys.stderr, flush=True)
+            return result
+
+    def _send(self, method: str, path: str, **kwargs):
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
