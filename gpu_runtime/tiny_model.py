@@ -25,10 +25,10 @@ from core.artifacts import publish_directory
 from core.canonical import json_digest
 from gpu_runtime.chat_template import CHAT_TEMPLATE, ENDOFTEXT, IM_END, MARKUP_TOKENS, SPECIAL_TOKENS
 from gpu_runtime.identity import file_manifest, manifest_digest
+from gpu_runtime.tiny_release import RECIPE_FILE
 from gpu_runtime.tiny_tasks import SYSTEM_PROMPT, Example, TaskSampler, held_out_arithmetic, tokenizer_corpus
 
 RECIPE_SCHEMA = "kiln.tiny-model.v1"
-RECIPE_FILE = "kiln_tiny_model.json"
 DEFAULT_WARM_STEPS = 500
 VOCAB_SIZE = 1024
 MODEL_SHAPE = {

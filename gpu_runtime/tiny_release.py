@@ -22,7 +22,7 @@ from gpu_runtime.identity import file_manifest, file_sha256
 RELEASE_DIR = Path(__file__).resolve().parent / "assets" / "kiln-tiny"
 RELEASE_FILE = "kiln_tiny_release.json"
 RELEASE_SCHEMA = "kiln.tiny-release.v1"
-RECIPE_FILE = "kiln_tiny_model.json"  # written by the recipe (gpu_runtime.tiny_model.RECIPE_FILE)
+RECIPE_FILE = "kiln_tiny_model.json"  # the recipe summary (gpu_runtime.tiny_model writes it)
 
 
 class TinyReleaseError(Exception):

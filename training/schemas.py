@@ -94,7 +94,7 @@ class GrpoQueued(Schema):
     message: str
 
 
-class TrainingError(Schema):
+class TrainingErrorOut(Schema):
     code: str
     message: str
 
@@ -114,7 +114,7 @@ class TrainingStatus(Schema):
     elapsed_secs: float
     job_type: str
     training_data: dict | None = None
-    error: TrainingError | None = None
+    error: TrainingErrorOut | None = None
     cancel_requested: bool
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -10,17 +9,10 @@ import sys
 import httpx
 import pytest
 
-from tests.support.stack import REPO, cli_token, free_port, wait_until
+from tests.support.stack import cli_token, free_port, pid_gone, serve_env, wait_until
 
 pytestmark = pytest.mark.integration
 
-
-def _pid_gone(pid: int) -> bool:
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _reachable(url: str) -> bool:
@@ -32,10 +24,7 @@ def _reachable(url: str) -> bool:
 
 def test_serve_starts_redis_workers_and_web_then_stops_them_all(tmp_path):
     port = free_port()
-    env = {**os.environ, "KILN_HOME": str(tmp_path / "home"), "DJANGO_SETTINGS_MODULE": "kiln_project.settings",
-           "PYTHONPATH": str(REPO)}
-    for inherited in ("DATABASE_URL", "KILN_REDIS_URL", "KILN_MODEL_PATH"):
-        env.pop(inherited, None)
+    env = serve_env(tmp_path / "home")
     log = open(tmp_path / "serve.log", "wb")
     serve = subprocess.Popen([sys.executable, "-m", "kiln_project.cli.main", "serve", "--port", str(port)],
                              cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -65,7 +54,7 @@ def test_serve_starts_redis_workers_and_web_then_stops_them_all(tmp_path):
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=90) == 0
         for pid in worker_pids + redis_pids:
-            assert wait_until(lambda pid=pid: _pid_gone(pid), 10, what=f"pid {pid} to exit")
+            assert wait_until(lambda pid=pid: pid_gone(pid), 10, what=f"pid {pid} to exit")
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=2)
         text = (tmp_path / "serve.log").read_text(errors="replace")

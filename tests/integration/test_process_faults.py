@@ -14,17 +14,10 @@ import time
 import httpx
 import pytest
 
-from tests.support.stack import REPO, cli_token, free_port, wait_until
+from tests.support.stack import cli_token, free_port, pid_gone, serve_env, wait_until
 
 pytestmark = pytest.mark.integration
 
-
-def _gone(pid: int) -> bool:
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _ppid(pid: int) -> int:
@@ -32,10 +25,7 @@ def _ppid(pid: int) -> int:
 
 
 def _serve(tmp_path, port, log_name="serve.log"):
-    env = {**os.environ, "KILN_HOME": str(tmp_path / "home"), "DJANGO_SETTINGS_MODULE": "kiln_project.settings",
-           "PYTHONPATH": str(REPO)}
-    for inherited in ("DATABASE_URL", "KILN_REDIS_URL", "KILN_MODEL_PATH"):
-        env.pop(inherited, None)
+    env = serve_env(tmp_path / "home")
     log = open(tmp_path / log_name, "wb")
     return subprocess.Popen([sys.executable, "-m", "kiln_project.cli.main", "serve", "--port", str(port)],
                             cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT), env
@@ -83,7 +73,7 @@ def test_kill_9_of_serve_leaves_no_children_and_a_second_serve_refuses(tmp_path)
         serve.send_signal(signal.SIGKILL)
         serve.wait()
         for pid in pids:
-            assert wait_until(lambda pid=pid: _gone(pid), 45, what=f"child {pid} to die with its supervisor")
+            assert wait_until(lambda pid=pid: pid_gone(pid), 45, what=f"child {pid} to die with its supervisor")
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=2)
 
@@ -111,7 +101,7 @@ def test_kill_9_of_the_gpu_workers_supervisor_stops_the_worker_before_a_new_one_
         master = _ppid(old_pid)
         os.kill(master, signal.SIGKILL)
         killed = last_alive = time.time()
-        while not _gone(old_pid):  # bounded: parent-death signal, else the heartbeat's orphan check
+        while not pid_gone(old_pid):  # bounded: parent-death signal, else the heartbeat's orphan check
             last_alive = time.time()
             assert last_alive - killed < 90, "the orphaned GPU worker kept running"
             time.sleep(0.05)

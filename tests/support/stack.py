@@ -216,3 +216,21 @@ def cli_token(env: dict, username: str = "observer", password: str = "observer-p
     made = subprocess.run([*cli, "token", "create", username], env=env, cwd=REPO, check=True,
                           capture_output=True, text=True, timeout=120)
     return made.stdout.strip()
+
+
+def pid_gone(pid: int) -> bool:
+    """The process has exited (a zombie counts: it runs nothing and holds no locks)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def serve_env(home: Path) -> dict:
+    """The environment a test gives `kiln serve`: its own KILN_HOME, none of the test's services."""
+    env = {**os.environ, "KILN_HOME": str(home), "DJANGO_SETTINGS_MODULE": "kiln_project.settings",
+           "PYTHONPATH": str(REPO)}
+    for inherited in ("DATABASE_URL", "KILN_REDIS_URL", "KILN_MODEL_PATH"):
+        env.pop(inherited, None)
+    return env
