@@ -132,6 +132,9 @@ def behavior_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> tor
             # Rows with top_p == 1 are left alone: float rounding must not shave their tail.
             active = (top_ps < 1.0)[:, None]
             remove |= active & (mass_before >= top_ps[:, None])
+            # The most likely token always stays: a top_p below float32's range (1e-200 rounds
+            # to 0) must mean "greedy within the filter", not an empty distribution (NaN).
+            remove[:, 0] = False
         mask = torch.zeros_like(remove).scatter(-1, sorted_idx, remove)
         scaled = scaled.masked_fill(mask, -math.inf)
     if any(p.min_p > 0 for p in params):

@@ -180,3 +180,16 @@ def test_indexes_must_strictly_increase(results):
     )
     with pytest.raises(ProvenanceError, match="strictly increase"):
         validate_rollout_provenance(broken)
+
+
+def test_tiny_top_p_still_gives_a_valid_record(sampler):
+    """top_p 1e-200 keeps only the most likely token; the record it yields must still validate
+    (it once failed provenance and answered 500 inference_failed)."""
+    request = SampleRequest(messages=MESSAGES, enable_thinking=False, seed=5,
+                            sampling=SamplingParams(temperature=0.9, top_p=1e-200, max_tokens=4))
+    (result,) = sampler.generate([request])
+    record = build_rollout_provenance(result, prompt_messages=MESSAGES)
+    validate_rollout_provenance(record)
+    assert record["sampling"]["top_p"] == 1e-200
+    sampled = [token for token in record["action_tokens"] if token["source"] == "sampled"]
+    assert sampled and all(token["behavior_logprob"] == 0.0 for token in sampled)
