@@ -7,6 +7,8 @@ death with its parent, and the GPU device lock.
 - A GPU worker holds KILN_HOME/locks/gpu.lock (an flock the OS releases when the holder dies)
   before it loads the model or claims a `gpu` job: two GPU workers on one home never use the
   device at once; a second one waits, heartbeating, until the first is gone.
+- In the worker that keeps the model resident, `gpu` jobs are claimed only once loading finished:
+  work queued while the model loads waits for it instead of racing the load.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ class KilnWorkerMiddleware(Middleware):
         gpu_side = any(q in GPU_QUEUES for q in queues)
         if gpu_side:
             self.device_lock = gpu_device_lock()
-            set_queue_gate("gpu", lambda: self.device_lock.held)
+            # GPU jobs wait for the device lock and, in the worker that keeps the model resident,
+            # for the model to finish loading: a training job queued in that window must not race
+            # the load for memory and the device (it once failed within 2 s of /health answering).
+            set_queue_gate("gpu", lambda: self.device_lock.held and self._model_settled(queues))
             if "infer" in queues:
                 set_worker_status(model={"loaded": False, "loading": True})
         start_worker(queues)
@@ -63,9 +68,19 @@ class KilnWorkerMiddleware(Middleware):
             # outcome (loaded, or why not) is published in the heartbeat.
             from adapters.serving.runtime_host import start_model_host
 
-            start_model_host()
+            host = start_model_host()
+            if not host.wait_settled(shutting_down):
+                return
         if "gpu" in queues:
             wake_queue("gpu")
+
+    @staticmethod
+    def _model_settled(queues) -> bool:
+        if "infer" not in queues:
+            return True
+        from adapters.serving import runtime_host
+
+        return runtime_host.current_host_settled()
 
     def before_worker_shutdown(self, broker, worker):
         from core.jobs.runner import request_shutdown

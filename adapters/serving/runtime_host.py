@@ -74,6 +74,18 @@ class ModelHost:
         finally:
             self.sampler.fail_all(SampleRequestError("sampler_stopped", "the GPU worker is shutting down"))
 
+    @property
+    def settled(self) -> bool:
+        """Loading has finished, one way or the other (the model is resident, or why not is known)."""
+        return self._ready.is_set()
+
+    def wait_settled(self, should_stop) -> bool:
+        """Block until loading finished (True) or `should_stop()` said to give up (False)."""
+        while not self._ready.wait(0.2):
+            if should_stop():
+                return False
+        return True
+
     def wait_ready(self, timeout: float = 600) -> None:
         if not self._ready.wait(timeout):
             raise KilnError("model_loading", "the model is still loading", status=503, hint="retry shortly")
@@ -102,6 +114,11 @@ def start_model_host() -> ModelHost:
             _host = ModelHost()
             _host.start()
     return _host
+
+
+def current_host_settled() -> bool:
+    """Whether this process's model host exists and has finished loading (the gpu queue's gate)."""
+    return _host is not None and _host.settled
 
 
 def stop_model_host() -> None:
