@@ -298,6 +298,22 @@ class HomeLayout:
         return self.rollouts / str(job_id)
 
     @property
+    def eval_datasets(self) -> Path:
+        """Registered eval datasets (spec §1.4): `<adapter_dir>/.eval/datasets/<name>/`."""
+        return self.adapters / ".eval" / "datasets"
+
+    def eval_dataset(self, name: str) -> Path:
+        return self.eval_datasets / name
+
+    @property
+    def eval_suites(self) -> Path:
+        """Registered eval suites: `<adapter_dir>/.eval/suites/<name>.json`."""
+        return self.adapters / ".eval" / "suites"
+
+    def eval_suite(self, name: str) -> Path:
+        return self.eval_suites / f"{name}.json"
+
+    @property
     def scorers(self) -> Path:
         return self.root / "scorers"
 

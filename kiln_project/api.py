@@ -9,6 +9,7 @@ import logging
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
+from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
@@ -42,7 +43,8 @@ def _kiln_error(request, exc: KilnError):
 
 
 # Routes whose request shape errors keep the code their contract gives every other bad value.
-VALIDATION_CODES = {"/v1/train/": (400, "training_invalid_request"), "/v1/training/": (400, "training_invalid_request")}
+VALIDATION_CODES = {"/v1/train/": (400, "training_invalid_request"), "/v1/training/": (400, "training_invalid_request"),
+                    "/v1/eval/": (400, "eval_invalid_request")}
 
 
 @api.exception_handler(NinjaValidationError)
@@ -77,6 +79,12 @@ def _not_found(request, exc):
     return _respond(request, 404, "not_found", str(exc) or "not found")
 
 
+@api.exception_handler(MultiPartParserError)
+def _bad_multipart(request, exc):
+    return _respond(request, 400, "invalid_multipart", f"request: not a readable multipart body ({exc})",
+                    "send multipart/form-data with its boundary, as an HTTP client's file upload does")
+
+
 @api.exception_handler(RequestDataTooBig)
 def _too_large(request, exc):
     from django.conf import settings
@@ -96,6 +104,7 @@ def _register_routers() -> None:
     from adapters.api import router as adapters_router
     from adapters.serving.api import router as inference_router
     from core.jobs.api import router as jobs_router
+    from evaluations.api import router as eval_router
     from kiln_project.system_api import router as system_router
     from training.api import router as training_router
 
@@ -104,6 +113,7 @@ def _register_routers() -> None:
     api.add_router("/", inference_router)
     api.add_router("/", training_router)
     api.add_router("/adapters", adapters_router)
+    api.add_router("/eval", eval_router)
 
 
 _register_routers()

@@ -67,6 +67,34 @@ def _read_dataset_path(value) -> tuple[AdmittedCorpus, dict]:
     return corpus, {"source": "dataset_path", "path": value}
 
 
+def _read_named_dataset(name, split) -> tuple[AdmittedCorpus, dict]:
+    """A registered grpo_groups dataset's partition (default train), admitted like a streamed file:
+    the partition file is server-local JSONL, checked in full and pinned by the caller's snapshot."""
+    from evaluations.dataset_selectors import dataset_get, dataset_partition
+    from evaluations.datasets.split import PARTITIONS
+
+    dataset = dataset_get(name=name) if isinstance(name, str) else None
+    if dataset is None:
+        raise KilnError("dataset_not_found", f"dataset: no dataset named {name!r}", status=404, field="dataset",
+                        hint="list datasets with GET /v1/eval/datasets, or upload one with kiln eval datasets upload")
+    split = "train" if split is None else split
+    if split not in PARTITIONS:
+        raise _invalid(f"must be one of {', '.join(PARTITIONS)}", "dataset_split")
+    if dataset.format != "grpo_groups":
+        raise _invalid(f"dataset {name!r} has format {dataset.format}; GRPO trains on grpo_groups", "dataset")
+    partition = dataset_partition(dataset=dataset, partition=split)
+    if not partition.data.strip():
+        raise _invalid(f"partition {split} of dataset {name!r} is empty", "dataset_split",
+                       "choose another split, or re-split the dataset (kiln eval datasets split)")
+    try:
+        corpus = admit_jsonl(partition.data)
+    except GroupError as exc:
+        raise _invalid(str(exc).split(": ", 1)[1], f"dataset {exc.field}") from None
+    return corpus, {"source": "named_dataset", "dataset": name, "split": split, "path": str(partition.path),
+                    "dataset_corpus_sha256": partition.corpus_sha256,
+                    "split_manifest_sha256": partition.split_manifest_sha256}
+
+
 def _admit_source(body: dict) -> tuple[AdmittedCorpus, dict]:
     present = [k for k in (*INLINE_SOURCES, "dataset_path", "dataset") if body.get(k) is not None]
     if len(present) != 1:
@@ -76,8 +104,7 @@ def _admit_source(body: dict) -> tuple[AdmittedCorpus, dict]:
     if body.get("dataset_split") is not None and source != "dataset":
         raise _invalid("is only valid with dataset", "dataset_split")
     if source == "dataset":
-        raise KilnError("dataset_not_found", f"no dataset named {body['dataset']!r}", status=404,
-                        hint="the dataset registry is not available yet: send groups inline or a dataset_path")
+        return _read_named_dataset(body["dataset"], body.get("dataset_split"))
     if source == "dataset_path":
         return _read_dataset_path(body["dataset_path"])
     try:

@@ -6,7 +6,16 @@ import argparse
 import os
 import sys
 
-from kiln_project.cli import accounts_cmd, jobs_cmd, model_cmd, rollout_cmd, serve, train_cmd, worker
+from kiln_project.cli import (
+    accounts_cmd,
+    eval_cmd,
+    jobs_cmd,
+    model_cmd,
+    rollout_cmd,
+    serve,
+    train_cmd,
+    worker,
+)
 from kiln_project.cli.client import CliError, default_url
 
 
@@ -24,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_cmd.add_parser(sub, common)
     train_cmd.add_parser(sub, common)
     rollout_cmd.add_parser(sub, common)
+    eval_cmd.add_parser(sub, common)
     return parser
 
 

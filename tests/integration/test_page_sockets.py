@@ -40,7 +40,7 @@ async def _watch(stack, cookie: str, path: str, *, hold: float, abrupt: bool) ->
         try:
             await asyncio.wait_for(socket.recv(), 0.5)
             received, last = received + 1, time.monotonic()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     if abrupt:
         socket.transport.abort()

@@ -101,3 +101,12 @@ def test_a_corpus_that_is_not_utf8_names_the_line_but_never_a_byte(api, tmp_path
     message = error(post(api, "/v1/train/grpo", {"dataset_path": str(path)}), 400, "training_invalid_request")["message"]
     assert "line 2" in message and "0xff" not in message.lower() and "\\xff" not in message
     assert os.path.exists(path)
+
+
+def test_a_multipart_body_without_its_boundary_is_a_400(api):
+    """Found by schemathesis: `Content-Type: multipart/form-data` with no boundary raised in the parser."""
+    for route in ("/v1/eval/datasets/upload", "/v1/train/grpo"):
+        response = api.post(route, data=b"--x\r\n", content_type="multipart/form-data")
+        assert response.status_code == 400, (route, response.content)
+        assert response.json()["error"]["code"] in ("invalid_multipart", "training_invalid_request")
+    assert not Job.objects.exists()

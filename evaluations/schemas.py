@@ -1,0 +1,131 @@
+"""API shapes of /v1/eval/datasets and /v1/eval/suites: ninja schemas describing requests and answers.
+
+Request bodies accept any JSON object and are described for OpenAPI only; the one checker is the
+contract (`evaluations.datasets.split`, `evaluations.suites`), so a bad value answers
+`eval_invalid_request` naming the field. Web-facing: no torch.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+from pydantic import BaseModel, ConfigDict
+
+from evaluations.datasets.split import PARTITIONS
+from evaluations.datasets.synthesize import STRATEGIES
+from evaluations.example_scorers import SCORER_TYPES
+
+SCORER_SPEC = {"title": "ScorerSpec", "type": "object", "required": ["type"], "additionalProperties": True,
+               "description": "exact | normalized_exact | numeric_tolerance {tolerance} | regex {pattern} | contains "
+                              "| json_valid | json_schema {schema} | multiple_choice {choices} | program {scorer}",
+               "properties": {"type": {"type": "string", "enum": list(SCORER_TYPES)}}}
+SPLIT_REQUEST = {"title": "DatasetSplitConfig", "type": "object",
+                 "properties": {"seed": {"type": "string", "pattern": "^[0-9]+$", "default": "0",
+                                         "description": "decimal u64"},
+                                "train_percent": {"type": "number", "default": 80, "exclusiveMinimum": 0},
+                                "validation_percent": {"type": "number", "default": 10, "minimum": 0}},
+                 "description": "train_percent > 0 and train_percent + validation_percent < 100; the rest is holdout"}
+SYNTHESIZE_REQUEST = {"title": "SynthesizeSuiteRequest", "type": "object", "required": ["suite_name"],
+                      "properties": {"suite_name": {"type": "string"},
+                                     "source_split": {"type": "string", "enum": list(PARTITIONS), "default": "holdout"},
+                                     "strategy": {"type": "string", "enum": sorted({s for v in STRATEGIES.values()
+                                                                                    for s in v})},
+                                     "scorer": SCORER_SPEC, "head_n": {"type": "integer", "minimum": 1},
+                                     "force": {"type": "boolean", "default": False}}}
+EXAMPLE = {"title": "EvalExample", "type": "object", "required": ["id", "messages"],
+           "properties": {"id": {"type": "string"},
+                          "messages": {"type": "array", "items": {"type": "object", "required": ["role", "content"]}},
+                          "target": {"type": ["string", "number"]}, "scorer": SCORER_SPEC,
+                          "metadata": {"type": "object"}}}
+SUITE_REQUEST = {"title": "EvalSuiteRequest", "type": "object", "required": ["name", "scorer", "examples"],
+                 "properties": {"name": {"type": "string"}, "description": {"type": "string"}, "scorer": SCORER_SPEC,
+                                "examples": {"type": "array", "items": EXAMPLE}}}
+
+
+class _Documented(BaseModel):
+    """Any JSON object (the contract checks it); the OpenAPI document shows the described schema."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+def _documented(title: str, schema: dict) -> type[_Documented]:
+    return type(title, (_Documented,), {"model_config": ConfigDict(
+        extra="allow", title=title, json_schema_extra=lambda s, cls: s.update(schema))})
+
+
+SplitRequest = _documented("DatasetSplitConfig", SPLIT_REQUEST)
+SynthesizeRequest = _documented("SynthesizeSuiteRequest", SYNTHESIZE_REQUEST)
+SuiteRequest = _documented("EvalSuiteRequest", SUITE_REQUEST)
+
+
+class SplitCounts(Schema):
+    train: int
+    validation: int
+    holdout: int
+
+
+class DatasetManifest(Schema):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    format: str
+    description: str
+    rows: int
+    corpus_sha256: str
+    normalized_corpus_sha256: str
+    split_manifest_sha256: str
+    split_config: dict
+    split_counts: SplitCounts
+    num_groups: int
+    num_sessions: int
+    created_at: str
+
+
+class SplitPreview(Schema):
+    dataset: str
+    split_config: dict
+    split_counts: SplitCounts
+    component_counts: SplitCounts
+    num_components: int
+
+
+class DatasetRows(Schema):
+    dataset: str
+    partition: str | None = None
+    offset: int
+    limit: int
+    total: int
+    rows: list[dict]
+
+
+class Deleted(Schema):
+    name: str
+    status: str
+
+
+class SuiteSummary(Schema):
+    name: str
+    description: str
+    suite_hash: str
+    examples: int
+    scorer: dict
+    source: dict
+    created_at: datetime
+    updated_at: datetime
+
+
+class SuiteDetail(Schema):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str
+    suite_hash: str
+    scorer: dict
+    examples: list[dict]
+    source: dict
+    created_at: str

@@ -1,0 +1,66 @@
+"""Eval suite writes: register (or with force replace) and delete a suite.
+
+The suite file (`HomeLayout.eval_suite(name)`, the pretty JSON of
+`evaluations.suites.suite_document`) is published atomically in the transaction that writes its
+row: a refused or failed registration leaves neither. The contract (shape, bounds, scorer specs,
+`suite_hash`) is `evaluations.suites`.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from core.artifacts import ensure_dir, hidden_sibling, write_file
+from core.artifacts import json_bytes as _json_bytes
+from core.errors import KilnError
+from evaluations.models import EvalSuite
+from evaluations.suites import SuiteError, parse_suite, suite_document
+
+
+def _exists(name: str) -> KilnError:
+    return KilnError("eval_suite_exists", f"name: an eval suite named {name!r} already exists", status=409,
+                     field="name", hint="pass force=true to replace it, or choose another name")
+
+
+def suite_store(*, body, force: bool = False, source: dict | None = None, user=None) -> EvalSuite:
+    """Validate a suite and register it; an existing name answers eval_suite_exists unless `force`."""
+    try:
+        parsed = parse_suite(body)
+    except SuiteError as exc:
+        raise KilnError("eval_invalid_request", str(exc), status=400, field=exc.field) from None
+    name = parsed["name"]
+    if not force and EvalSuite.objects.filter(name=name).exists():
+        raise _exists(name)
+    source = source or {"kind": "upload"}
+    created_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    data = _json_bytes(suite_document(parsed, source=source, created_at=created_at))
+    target = settings.KILN.layout.eval_suite(name)
+    fields = {"description": parsed["description"], "path": str(target), "suite_hash": parsed["suite_hash"],
+              "examples": len(parsed["examples"]), "scorer": parsed["scorer"], "source": source,
+              "created_by": user if getattr(user, "is_authenticated", False) else None}
+    try:
+        with transaction.atomic():
+            if force:
+                suite, _created = EvalSuite.objects.select_for_update().update_or_create(name=name, defaults=fields)
+            else:
+                suite = EvalSuite.objects.create(name=name, **fields)
+            ensure_dir(target.parent)
+            write_file(target, data)  # the row's unique name is the guard
+    except (IntegrityError, FileExistsError):
+        raise _exists(name) from None
+    return suite
+
+
+def suite_delete(*, suite: EvalSuite) -> None:
+    path = Path(suite.path)
+    aside = hidden_sibling(path, "deleted")
+    with transaction.atomic():
+        EvalSuite.objects.filter(pk=suite.pk).delete()
+        if path.exists():
+            os.rename(path, aside)
+    aside.unlink(missing_ok=True)
