@@ -69,6 +69,10 @@ def _record_failure_receipt(path: Path, name: str, job) -> None:
     receipt_record(kind=ReceiptKind.TRAIN_FAILURE, subject=name, body=body, job=job)
 
 
+# What a named-dataset submission adds to the receipt's training_data (reference-spec §1.1).
+LINEAGE_KEYS = ("dataset", "split", "dataset_corpus_sha256", "split_manifest_sha256")
+
+
 def run_grpo_job(ctx) -> dict:
     from gpu_runtime.grpo.errors import TrainingError
     from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
@@ -91,6 +95,7 @@ def run_grpo_job(ctx) -> dict:
         adapter_name=name, base_adapter_dir=base_dir, base_adapter_name=config.base_adapter,
         checkpoint_root=adapters_root(), source_sha256=data["admitted_corpus_sha256"],
         source_kind=data["source"], source_path=data.get("path"), device="auto",
+        source_lineage={key: data[key] for key in LINEAGE_KEYS if data.get(key) is not None} or None,
         failure_receipt_path=settings.KILN.layout.failure_receipt(ctx.job_id),
     )
     request.failure_receipt_path.parent.mkdir(parents=True, exist_ok=True)

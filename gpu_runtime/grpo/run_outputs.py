@@ -141,6 +141,7 @@ class RunOutputs:
                 "source": request.source_kind,
                 "path": request.source_path,
                 "sha256": getattr(self, "source_sha256", None),
+                **(request.source_lineage or {}),
             },
             timings=self.timings,
             runtime=runtime,

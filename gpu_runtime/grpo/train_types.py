@@ -32,6 +32,8 @@ class TrainRequest:
     source_sha256: str | None = None  # digest of the training data bytes; None: §2.7 digest of `groups`
     source_kind: str = "inline"  # the route: inline | dataset_path | named_dataset | corrections
     source_path: str | None = None
+    # Lineage the receipt's training_data repeats (a named dataset: dataset, split and its digests).
+    source_lineage: dict | None = None
     device: str = "cpu"  # cpu | cuda | auto
     template_kwargs: dict | None = None  # chat-template kwargs for groups without provenance
     lora_target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES

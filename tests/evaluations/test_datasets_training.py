@@ -75,3 +75,30 @@ def test_named_dataset_refusals(api, home):
     assert error(_train(api, {"dataset": "two", "groups": [group(1)]}), 400,
                  "training_invalid_request").startswith("source:")
     assert not Job.objects.exists()
+
+
+def test_the_train_receipt_names_the_dataset_split_and_both_digests(api, home, settings, tiny_model_dir,
+                                                                    django_capture_on_commit_callbacks):
+    """The job runs in-process on the tiny model: the receipt (file and row) carries the lineage."""
+    import dataclasses
+
+    from core.jobs.runner import run_queued_jobs
+    from core.models import Receipt
+
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=Path(tiny_model_dir))
+    rows = [group(i, group_id=f"g{i}") for i in range(12)]
+    manifest = ok(upload(api, "lineage", jsonl(rows)))
+    queued = ok(_train(api, {"dataset": "lineage", "config": {"output_name": "lineage-r001", "lora_rank": 2, "lora_alpha": 4,
+                                                              "auto_load": False, "seed": 1}}))
+    with django_capture_on_commit_callbacks(execute=True):
+        run_queued_jobs("gpu")
+    job = Job.objects.get(uuid=queued["job_id"])
+    assert job.state == "completed", job.error
+    receipt = Receipt.objects.get(subject="lineage-r001").body
+    data = receipt["training_data"]
+    assert data["source"] == "named_dataset" and data["dataset"] == "lineage" and data["split"] == "train"
+    assert data["dataset_corpus_sha256"] == manifest["corpus_sha256"]
+    assert data["split_manifest_sha256"] == manifest["split_manifest_sha256"]
+    assert data["sha256"] == job.payload["training_data"]["admitted_corpus_sha256"]
+    on_disk = json.loads((Path(job.result["adapter_path"]) / "train_receipt.json").read_text())
+    assert on_disk["training_data"] == data
