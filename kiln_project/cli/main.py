@@ -11,6 +11,7 @@ from kiln_project.cli import (
     eval_cmd,
     jobs_cmd,
     model_cmd,
+    openenv_cmd,
     rollout_cmd,
     serve,
     train_cmd,
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_cmd.add_parser(sub, common)
     train_cmd.add_parser(sub, common)
     rollout_cmd.add_parser(sub, common)
+    openenv_cmd.add_parser(sub, common)
     eval_cmd.add_parser(sub, common)
     return parser
 

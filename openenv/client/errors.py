@@ -1,0 +1,260 @@
+"""Typed errors of the OpenEnv client, each with a stable code.
+
+Pure module: no Django, no torch. Every error carries `code` (stable, ours), `message`, `hint`,
+and `failure_code`, the `kiln.openenv-run-failure.v1` code (reference-spec §4.12) a run records
+when this error ends it, with `retryable`. Wire error codes sent by servers keep their own
+spelling (`protocol_code`, e.g. "EXECUTION_ERROR"); model failures keep the harness codes
+(`MODEL_ACTION_NO_OUTPUT`, `INVALID_MODEL_ACTION`, `ACTION_SCHEMA_VALIDATION_FAILED`).
+
+No message ever contains a bearer token or the text of a frame that reflected one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The server's WSErrorCode vocabulary (openenv-protocol.md §4b), the same in every release seen.
+RECOVERABLE_WIRE_CODES = frozenset({"INVALID_JSON", "UNKNOWN_TYPE", "VALIDATION_ERROR", "EXECUTION_ERROR"})
+TERMINAL_WIRE_CODES = frozenset({"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"})
+WIRE_CODES = RECOVERABLE_WIRE_CODES | TERMINAL_WIRE_CODES
+
+# The run-failure codes (§4.12) these errors map to.
+FAILURE_UNAVAILABLE = "environment_unavailable"
+FAILURE_PROTOCOL = "environment_protocol_error"
+FAILURE_CAPACITY = "environment_capacity_exhausted"
+FAILURE_CONTRACT = "persisted_contract_invalid"
+
+
+class OpenEnvError(Exception):
+    code = "openenv_error"
+    failure_code: str | None = FAILURE_PROTOCOL
+    retryable = False
+    default_hint = ""
+
+    def __init__(self, message: str, *, hint: str | None = None, http_status: int | None = None,
+                 protocol_code: str | None = None, endpoint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = self.default_hint if hint is None else hint
+        self.http_status = http_status
+        self.protocol_code = protocol_code
+        self.endpoint = endpoint
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "message": self.message, "hint": self.hint}
+        if self.failure_code:
+            out["failure_code"] = self.failure_code
+            out["retryable"] = self.retryable
+        if self.protocol_code:
+            out["protocol_code"] = self.protocol_code
+        if self.http_status is not None:
+            out["http_status"] = self.http_status
+        return out
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+# --- configuration: URLs and credentials -------------------------------------------------------
+
+class OpenEnvUrlInvalid(OpenEnvError):
+    code = "openenv_invalid_url"
+    failure_code = FAILURE_CONTRACT
+    default_hint = "give http(s)://host[:port][/path] (or host:port) without credentials, query or fragment"
+
+
+class OpenEnvCredentialInvalid(OpenEnvError):
+    code = "openenv_credential_invalid"
+    failure_code = FAILURE_CONTRACT
+    default_hint = "set the named variable to the bearer token, or pass - for a public environment"
+
+
+# --- HTTP: health, discovery, Task API ---------------------------------------------------------
+
+class OpenEnvUnavailable(OpenEnvError):
+    """The server could not be reached (refused, reset, timed out) or answered 408/425/429/5xx."""
+
+    code = "openenv_unavailable"
+    failure_code = FAILURE_UNAVAILABLE
+    retryable = True
+    default_hint = "check that the environment server is running and reachable"
+
+
+class OpenEnvHttpStatus(OpenEnvError):
+    code = "openenv_http_status"
+    default_hint = "the endpoint does not look like an OpenEnv server (openenv-http/1.x)"
+
+
+class OpenEnvUnhealthy(OpenEnvHttpStatus):
+    code = "openenv_unhealthy"
+    default_hint = "GET /health must answer exactly 200 before discovery or a session"
+
+
+class OpenEnvRedirectRefused(OpenEnvError):
+    code = "openenv_redirect_refused"
+    default_hint = "redirects are never followed; give the final URL of the environment"
+
+
+class OpenEnvResponseTooLarge(OpenEnvError):
+    code = "openenv_response_too_large"
+
+
+class OpenEnvInvalidDocument(OpenEnvError):
+    code = "openenv_invalid_discovery"
+
+
+class OpenEnvActionSchemaInvalid(OpenEnvError):
+    code = "openenv_action_schema_invalid"
+    default_hint = "the action schema must compile, with internal #/... references only"
+
+
+class OpenEnvTaskApiFailed(OpenEnvError):
+    code = "openenv_task_catalog_failed"
+
+
+class OpenEnvInvalidTaskPage(OpenEnvError):
+    code = "openenv_invalid_task_page"
+    failure_code = None
+    default_hint = "start must be >= 0 and limit between 1 and 200"
+
+
+class OpenEnvInvalidTaskSelection(OpenEnvError):
+    code = "openenv_invalid_task_selection"
+    failure_code = None
+
+
+# --- WebSocket sessions ------------------------------------------------------------------------
+
+class OpenEnvUpgradeFailed(OpenEnvError):
+    code = "openenv_upgrade_failed"
+    default_hint = "the server refused the WebSocket upgrade on /ws"
+
+
+class OpenEnvSessionPoisoned(OpenEnvError):
+    """A lock-step session can no longer pair requests with replies; it is closed and never reused.
+
+    Nothing is resent: the action that was in flight may or may not have reached the environment.
+    """
+
+    code = "openenv_session_poisoned"
+    default_hint = "the episode cannot continue on this socket; actions are never resent"
+
+
+class OpenEnvTimeout(OpenEnvSessionPoisoned):
+    code = "openenv_timeout"
+    failure_code = FAILURE_UNAVAILABLE
+    retryable = True
+
+
+class OpenEnvSocketClosed(OpenEnvSessionPoisoned):
+    code = "openenv_socket_closed"
+
+
+class OpenEnvBinaryFrame(OpenEnvSessionPoisoned):
+    code = "openenv_binary_frame"
+
+
+class OpenEnvFrameTooLarge(OpenEnvSessionPoisoned):
+    code = "openenv_frame_too_large"
+
+
+class OpenEnvMalformedJson(OpenEnvSessionPoisoned):
+    code = "openenv_malformed_json"
+
+
+class OpenEnvInvalidMessage(OpenEnvSessionPoisoned):
+    code = "openenv_invalid_message"
+
+
+class OpenEnvUnknownFrameType(OpenEnvSessionPoisoned):
+    code = "openenv_unknown_frame_type"
+
+
+class OpenEnvUnsolicitedFrame(OpenEnvSessionPoisoned):
+    code = "openenv_unsolicited_frame"
+
+
+class OpenEnvUnexpectedResponse(OpenEnvSessionPoisoned):
+    code = "openenv_unexpected_response"
+
+
+class OpenEnvCredentialReflected(OpenEnvSessionPoisoned):
+    """A response or frame contained our bearer token (on HTTP or on the socket); it is discarded."""
+
+    code = "openenv_credential_reflected"
+    default_hint = "the environment echoed the bearer token back; refusing its data"
+
+
+class OpenEnvSessionClosed(OpenEnvError):
+    code = "openenv_session_closed"
+    default_hint = "open a new session"
+
+
+class OpenEnvOutgoingTooLarge(OpenEnvError):
+    """A client frame would exceed 16 MiB; nothing was sent and the session is still usable."""
+
+    code = "openenv_outgoing_frame_too_large"
+
+
+class OpenEnvProtocolError(OpenEnvError):
+    """The server answered a request with an error frame (`protocol_code` is its wire code)."""
+
+    code = "openenv_protocol_error"
+
+    def __init__(self, frame, *, hint: str | None = None):
+        super().__init__(f"the environment answered {frame.code}: {frame.message}", hint=hint,
+                         protocol_code=frame.code)
+        self.frame = frame
+
+    @property
+    def terminal(self) -> bool:
+        return self.frame.code in TERMINAL_WIRE_CODES
+
+
+class OpenEnvCapacityReached(OpenEnvProtocolError):
+    code = "openenv_capacity_reached"
+    failure_code = FAILURE_CAPACITY
+    retryable = True
+
+
+class OpenEnvCapacityExhausted(OpenEnvError):
+    code = "openenv_capacity_exhausted"
+    failure_code = FAILURE_CAPACITY
+    retryable = True
+    default_hint = "the environment stayed at capacity; raise capacity_wait_seconds or its max sessions"
+
+    def __init__(self, message: str, *, retries: int, **kwargs):
+        super().__init__(message, protocol_code="CAPACITY_REACHED", **kwargs)
+        self.retries = retries
+
+
+class OpenEnvResetDone(OpenEnvError):
+    code = "openenv_reset_done"
+    default_hint = "a reset must start an episode (done=false)"
+
+
+class OpenEnvInvalidReward(OpenEnvError):
+    code = "openenv_invalid_reward"
+
+
+# --- the model's action ------------------------------------------------------------------------
+
+class ActionError(OpenEnvError):
+    """The model's output is not a valid action; the server is never contacted for it.
+
+    `code` is the harness code; `errors` holds bounded evidence for a schema miss: closed JSON
+    Schema keywords and JSON-Pointer paths only, never values from the action.
+    """
+
+    failure_code = None
+
+    def __init__(self, code: str, message: str, *, errors: list[dict] | None = None):
+        super().__init__(message)
+        self.code = code
+        self.errors = errors or []
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        if self.errors:
+            out["errors"] = self.errors
+        return out

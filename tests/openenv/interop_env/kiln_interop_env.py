@@ -1,0 +1,87 @@
+"""A small multi-step OpenEnv environment with step rewards and an `input_text` observation.
+
+Served by openenv==0.10.0 from its own virtual environment (tests/openenv/real_server.py copies this
+file out and runs it with uvicorn). Kiln never imports it: our package shares the name `openenv`.
+KILN_INTEROP_MAX_DELTA bounds the action (changing it changes the action schema), and
+KILN_INTEROP_MAX_SESSIONS is the server capacity.
+"""
+
+import os
+from typing import Any
+
+from openenv.core.env_server import Action, Environment, Observation, State, create_app
+from openenv.core.env_server.types import EnvironmentMetadata
+from pydantic import Field
+
+MAX_DELTA = int(os.environ.get("KILN_INTEROP_MAX_DELTA", "3"))
+MAX_SESSIONS = int(os.environ.get("KILN_INTEROP_MAX_SESSIONS", "4"))
+
+
+class CountAction(Action):
+    delta: int = Field(..., ge=-MAX_DELTA, le=MAX_DELTA, description="Amount to add to the counter")
+
+
+class CountObservation(Observation):
+    value: int = Field(default=0)
+    target: int = Field(default=0)
+    steps_left: int = Field(default=0)
+    input_text: str = Field(default="")
+
+
+class CountState(State):
+    value: int = 0
+    target: int = 0
+    total_reward: float = 0.0
+
+
+class CountEnvironment(Environment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self):
+        super().__init__()
+        self._state = CountState(episode_id=None, step_count=0)
+        self._max_steps = 6
+        self._started = False
+        self._over = False
+
+    def _observation(self, text, reward, done):
+        return CountObservation(value=self._state.value, target=self._state.target,
+                                steps_left=self._max_steps - self._state.step_count,
+                                input_text=text, reward=reward, done=done)
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, target: int | None = None,
+              **kwargs: Any) -> CountObservation:
+        goal = target if target is not None else ((seed or 0) % 7) - 3
+        self._state = CountState(episode_id=episode_id or f"seed-{seed}", step_count=0, value=0, target=goal)
+        self._started, self._over = True, False
+        return self._observation(f"The counter is 0. Reach {goal} with moves of at most {MAX_DELTA}.", None, False)
+
+    def step(self, action: CountAction, timeout_s: float | None = None, **kwargs: Any) -> CountObservation:
+        if not self._started:
+            raise RuntimeError("call reset before step")
+        if self._over:
+            raise RuntimeError("episode is over; send reset")
+        if action.delta == 0:
+            raise ValueError("a move of 0 changes nothing")
+        before = abs(self._state.target - self._state.value)
+        self._state.value += action.delta
+        self._state.step_count += 1
+        distance = abs(self._state.target - self._state.value)
+        reward = float(before - distance)
+        self._state.total_reward += reward
+        done = distance == 0 or self._state.step_count >= self._max_steps
+        self._over = done
+        return self._observation(f"The counter is {self._state.value}; the target is {self._state.target}.",
+                                 reward, done)
+
+    @property
+    def state(self) -> CountState:
+        return self._state
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(name="kiln_counter", description="Reach a target with bounded moves.",
+                                   version="0.1.0")
+
+
+app = create_app(CountEnvironment, CountAction, CountObservation, env_name="kiln_counter",
+                 max_concurrent_envs=MAX_SESSIONS, state_cls=CountState)
