@@ -1,7 +1,8 @@
 """Dashboard page Training → GRPO (/ui/training/grpo/): the submission form and the training queue.
 
 The view only turns the HTML form into the request body that POST /v1/train/grpo takes (an uploaded
-JSONL file becomes `groups`, the advanced JSON is merged into `config`) and hands it to
+JSONL file becomes `groups`, the advanced JSON is merged into `config`, the "Prove it after training"
+section becomes `post_eval`) and hands it to
 training.services.grpo_submit, which decides everything; a KilnError is shown next to the field it
 names, and nothing is queued. Reads go through selectors (training/fragments.py).
 Web-facing: never imports torch, transformers, peft or gpu_runtime (only training.services does,
@@ -20,6 +21,7 @@ from adapters.selectors import adapter_list
 from core.contracts.groups import GroupError, check_corpus_size, parse_jsonl
 from core.errors import KilnError
 from core.jobs.fragments import category_page
+from evaluations.suite_selectors import suite_list
 from training import fragments as training_fragments
 from training.services import grpo_submit
 
@@ -29,12 +31,19 @@ BEHAVIOR_POLICIES = (
     ("recorded", "recorded: importance-corrected (needs provenance on every rollout)"),
 )
 TEXT_FIELDS = ("dataset_path", "output_name", "behavior_policy", "base_adapter", "lora_rank",
-               "learning_rate", "kl_coeff", "checkpoint_interval", "seed", "advanced_config")
+               "learning_rate", "kl_coeff", "checkpoint_interval", "seed", "advanced_config",
+               "post_eval_suite", "post_eval_data_scope", "post_eval_min_accuracy")
 INT_FIELDS = ("lora_rank", "checkpoint_interval")
 FLOAT_FIELDS = ("learning_rate", "kl_coeff")
 # config.<name> errors are shown next to these form fields; other config fields next to the JSON.
 CONFIG_FIELDS = ("output_name", "behavior_policy", "base_adapter", "lora_rank", "learning_rate", "kl_coeff",
                  "checkpoint_interval", "auto_load", "seed")
+# The "Prove it after training" section: post_eval.<name> errors are shown next to these fields.
+POST_EVAL_FIELDS = ("suite", "data_scope", "min_accuracy", "include_baseline")
+DATA_SCOPES = (
+    ("held-out", "held-out: the suite must not overlap the training data (the gate may decide activation)"),
+    ("train-set-eval", "train-set-eval: diagnostic only, on training data (no gate, no min accuracy)"),
+)
 PERMISSION_TEXT = ("You lack the submit_job permission, so you cannot start training. "
                    "An administrator can grant it in /admin/ (Users → permissions).")
 
@@ -63,6 +72,20 @@ def _groups_from_upload(upload) -> list:
                           else f"jsonl_file: {exc.message}", "jsonl_file") from None
 
 
+def _post_eval(values: dict) -> dict | None:
+    """The request's `post_eval` from the form's section, or None when it is left blank. Its rules
+    (suite required, min_accuracy in [0, 1] and refused with train-set-eval) are PostEvalConfig's."""
+    suite = values["post_eval_suite"].strip()
+    scope = values["post_eval_data_scope"].strip() or "held-out"
+    minimum = values["post_eval_min_accuracy"].strip()
+    if not (suite or minimum or values["post_eval_include_baseline"] or scope != "held-out"):
+        return None
+    post_eval: dict = {"suite": suite, "data_scope": scope, "include_baseline": values["post_eval_include_baseline"]}
+    if minimum:
+        post_eval["min_accuracy"] = _number(minimum, float)
+    return post_eval
+
+
 def _request_body(values: dict, files) -> dict:
     """The POST /v1/train/grpo body this form describes."""
     config: dict = {}
@@ -86,6 +109,9 @@ def _request_body(values: dict, files) -> dict:
             config[name] = _number(values[name].strip(), float)
     config["auto_load"] = values["auto_load"]
     body: dict = {"config": config}
+    post_eval = _post_eval(values)
+    if post_eval is not None:
+        body["post_eval"] = post_eval
     upload = files.get("jsonl_file")
     if upload is not None:
         body["groups"] = _groups_from_upload(upload)
@@ -107,6 +133,9 @@ def error_field(error: KilnError) -> str:
         return "dataset_path"
     if field == "advanced_config":
         return field
+    if field.startswith("post_eval"):
+        name = field.removeprefix("post_eval").lstrip(".").split(".")[0].split("[")[0]
+        return f"post_eval_{name}" if name in POST_EVAL_FIELDS else "post_eval"
     if field.startswith("config"):
         name = field.removeprefix("config").lstrip(".").split(".")[0].split("[")[0]
         return name if name in CONFIG_FIELDS else "advanced_config"
@@ -125,6 +154,8 @@ def _render(request, *, values: dict, error: KilnError | None = None, forbidden:
         "forbidden": forbidden,
         "behavior_policies": BEHAVIOR_POLICIES,
         "base_adapters": _published_adapters(),
+        "suites": list(suite_list()),
+        "data_scopes": DATA_SCOPES,
         "can_submit": request.user.has_perm("jobs.submit_job"),
         **training_fragments.queue_context(),
     }
@@ -132,7 +163,8 @@ def _render(request, *, values: dict, error: KilnError | None = None, forbidden:
 
 
 def _blank_values() -> dict:
-    return {**{name: "" for name in TEXT_FIELDS}, "behavior_policy": "no_importance_correction", "auto_load": True}
+    return {**{name: "" for name in TEXT_FIELDS}, "behavior_policy": "no_importance_correction", "auto_load": True,
+            "post_eval_data_scope": "held-out", "post_eval_include_baseline": False}
 
 
 @login_required
@@ -146,7 +178,8 @@ def grpo_page(request):
     if request.method != "POST":
         return _render(request, values=_blank_values())
     values = {**{name: request.POST.get(name, "") for name in TEXT_FIELDS},
-              "auto_load": request.POST.get("auto_load") in ("on", "true", "1")}
+              "auto_load": request.POST.get("auto_load") in ("on", "true", "1"),
+              "post_eval_include_baseline": request.POST.get("post_eval_include_baseline") in ("on", "true", "1")}
     if not request.user.has_perm("jobs.submit_job"):
         return _render(request, values=values, forbidden=PERMISSION_TEXT, status=403)
     try:
