@@ -22,6 +22,7 @@ class GrpoJobPayload:
     snapshot_path: str  # the pinned, read-only admitted corpus
     training_data: dict[str, Any]  # source, path, admitted_corpus_sha256, rows, rollouts
     post_eval: PostEvalConfig | None = None
+    post_eval_suite_hash: str | None = None  # the suite checked at submission: the gate evaluates this one
     ignored_config_keys: tuple[str, ...] = field(default_factory=tuple)
     dry_run: bool = False
 
@@ -47,6 +48,7 @@ class GrpoJobPayload:
             route=data["route"], adapter_name=data["adapter_name"], config=config,
             snapshot_path=data["snapshot_path"], training_data=dict(data["training_data"]),
             post_eval=PostEvalConfig.from_dict(data["post_eval"]) if data.get("post_eval") else None,
+            post_eval_suite_hash=data.get("post_eval_suite_hash"),
             ignored_config_keys=tuple(data.get("ignored_config_keys") or ()), dry_run=bool(data.get("dry_run")),
         )
 
@@ -57,6 +59,7 @@ class GrpoJobPayload:
             "config": self.config.to_dict(),
             "ignored_config_keys": list(self.ignored_config_keys),
             "post_eval": self.post_eval.to_dict() if self.post_eval else None,
+            "post_eval_suite_hash": self.post_eval_suite_hash,
             "dry_run": self.dry_run,
             "effective_seed": str(self.effective_seed),  # the API's decimal string, for readers of the row
             "snapshot_path": self.snapshot_path,

@@ -173,6 +173,11 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
                        f"{corpus.rollouts} have none", "config.behavior_policy",
                        "regenerate with kiln rollout-generate, or use no_importance_correction on purpose")
     _check_activation_right(config, user)
+    suite_pin = None
+    if submission.post_eval is not None:
+        from training.post_eval_admission import check_post_eval, submitted_rows
+
+        suite_pin = check_post_eval(submission.post_eval, submitted_rows(body, provenance))
     if config.base_adapter and adapter_published_path(name=config.base_adapter) is None:
         raise _invalid(f"no published adapter named {config.base_adapter!r}", "config.base_adapter")
     if config.behavior_policy == "recorded":
@@ -190,7 +195,8 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
                 route=route, adapter_name=output_name, config=effective, snapshot_path=str(snapshot),
                 training_data={**provenance, "admitted_corpus_sha256": corpus.sha256,
                                "rows": len(corpus.groups), "rollouts": corpus.rollouts},
-                post_eval=submission.post_eval, ignored_config_keys=tuple(sorted(config.ignored_keys)),
+                post_eval=submission.post_eval, post_eval_suite_hash=suite_pin and suite_pin["suite_hash"],
+                ignored_config_keys=tuple(sorted(config.ignored_keys)),
                 dry_run=submission.dry_run,
             )
             job = job_submit(kind="training.grpo", payload=payload, title=f"GRPO → {output_name}", user=user)

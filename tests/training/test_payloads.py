@@ -16,7 +16,15 @@ pytestmark = pytest.mark.django_db
 
 
 
-def test_a_grpo_job_payload_round_trips_through_the_row():
+def test_a_grpo_job_payload_round_trips_through_the_row(settings, tmp_path):
+    from dataclasses import replace
+
+    from evaluations.suite_services import suite_store
+
+    settings.KILN = replace(settings.KILN, home=tmp_path / "home")
+
+    suite_store(body={"name": "math-held-out", "scorer": {"type": "exact"}, "examples": [
+        {"id": "q1", "messages": [{"role": "user", "content": "What is 40 + 2?"}], "target": "42"}]})
     user_create(username="trainer", password="long-enough-pw")
     api = Client(headers={"Authorization": f"Bearer {token_create(username='trainer')[1]}"})
     body = {"groups": [GROUP], "config": {"output_name": "typed-r001", "seed": "18446744073709551615",
@@ -29,6 +37,7 @@ def test_a_grpo_job_payload_round_trips_through_the_row():
     assert isinstance(payload, GrpoJobPayload)
     assert payload.effective_seed == 2**64 - 1 and payload.config.lora_rank == 4
     assert payload.gate_pending and payload.post_eval.suite == "math-held-out"
+    assert payload.post_eval_suite_hash.startswith("sha256:")  # pinned at submission
     assert payload.to_dict() == job.payload  # the stored dict is the typed value's plain form
     assert json.loads(json.dumps(job.payload)) == job.payload
 

@@ -1,0 +1,81 @@
+"""post_eval at submission (issue 12): the suite must be installed, and a held-out suite must not
+overlap the training data (exact or normalized prompt, the system message removed, a dataset's
+own rows, shared group ids). Nothing is queued when refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.jobs.models import Job
+from evaluations.suite_services import suite_store
+from tests.evaluations import dataset_support
+from tests.evaluations.dataset_support import error, group, jsonl, ok, send, upload
+
+pytestmark = pytest.mark.django_db
+api, home = dataset_support.api, dataset_support.home
+
+
+def _suite(name: str, examples: list[dict]) -> None:
+    suite_store(body={"name": name, "scorer": {"type": "exact"}, "examples": examples})
+
+
+def _train(client, body):
+    return client.post("/v1/train/grpo", data=json.dumps(body), content_type="application/json")
+
+
+def _example(i: int, content: str, **extra) -> dict:
+    return {"id": f"e{i}", "messages": [{"role": "user", "content": content}], "target": "0", **extra}
+
+
+def test_an_uninstalled_suite_is_refused(api, home):
+    body = {"groups": [group(1)], "config": {"output_name": "x-r001"}, "post_eval": {"suite": "nope"}}
+    assert "no installed eval suite named 'nope'" in error(_train(api, body), 404, "eval_suite_not_found")
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("content, kind", [
+    ("What is 3 + 3?", "exact_prompt"),
+    ("  what IS 3  +   3? ", "normalized_prompt"),
+])
+def test_an_overlapping_prompt_is_refused_and_named(api, home, content, kind):
+    _suite("leaky", [_example(1, "What is 100 + 100?"), _example(2, content)])
+    body = {"groups": [group(1), group(2), group(3)], "config": {"output_name": "leak-r001"},
+            "post_eval": {"suite": "leaky", "min_accuracy": 0.5}}
+    message = error(_train(api, body), 400, "eval_train_overlap")
+    assert "groups[2] ~ example 'e2'" in message and kind in message
+    assert not Job.objects.exists()
+
+
+def test_the_system_message_does_not_hide_an_overlap(api, home):
+    _suite("sys", [{"id": "s1", "messages": [{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "What is 4 + 4?"}], "target": "8"}])
+    body = {"groups": [group(4)], "config": {"output_name": "sys-r001"}, "post_eval": {"suite": "sys"}}
+    assert "example 's1'" in error(_train(api, body), 400, "eval_train_overlap")
+
+
+def test_a_shared_group_id_is_an_overlap(api, home):
+    _suite("grouped", [_example(1, "A paraphrase nobody trains on",
+                                metadata={"kiln_dataset_provenance": {"group_id": "g-7"}})])
+    body = {"groups": [group(5, group_id="g-7")], "config": {"output_name": "g-r001"},
+            "post_eval": {"suite": "grouped"}}
+    assert "group_id" in error(_train(api, body), 400, "eval_train_overlap")
+
+
+def test_a_dataset_holdout_suite_admits_its_train_partition_and_refuses_the_holdout(api, home):
+    rows = [group(i, group_id=f"g{i}", reference=str(2 * i)) for i in range(30)]
+    ok(upload(api, "math", jsonl(rows)))
+    ok(send(api, "post", "/v1/eval/datasets/math/synthesize", {"suite_name": "math-holdout"}))
+    fine = ok(_train(api, {"dataset": "math", "config": {"output_name": "m-r001"},
+                           "post_eval": {"suite": "math-holdout", "min_accuracy": 0.5}}))
+    job = Job.objects.get(uuid=fine["job_id"])
+    assert job.payload["post_eval_suite_hash"].startswith("sha256:")
+    leak = _train(api, {"dataset": "math", "dataset_split": "holdout", "config": {"output_name": "m-r002"},
+                        "post_eval": {"suite": "math-holdout", "min_accuracy": 0.5}})
+    error(leak, 400, "eval_train_overlap")
+    # train-set-eval is a diagnostic on the training data itself: overlap is its point.
+    diag = _train(api, {"dataset": "math", "dataset_split": "holdout", "config": {"output_name": "m-r003"},
+                        "post_eval": {"suite": "math-holdout", "data_scope": "train-set-eval"}})
+    assert diag.status_code == 200, diag.content
+    assert Job.objects.count() == 2
