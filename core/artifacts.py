@@ -314,6 +314,15 @@ class HomeLayout:
         return self.eval_suites / f"{name}.json"
 
     @property
+    def evals(self) -> Path:
+        """Eval jobs: `<job uuid>/results.json` (published once, atomically, when a job completes)
+        and `inputs/<id>/suite.json` (the read-only suite copy a job was pinned to at submission)."""
+        return self.root / "evals"
+
+    def eval_job(self, job_id: str) -> Path:
+        return self.evals / str(job_id)
+
+    @property
     def scorers(self) -> Path:
         return self.root / "scorers"
 

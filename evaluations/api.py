@@ -1,4 +1,5 @@
-"""/v1/eval/datasets and /v1/eval/suites: datasets with their splits, and eval suites (spec §1.3, §1.4).
+"""/v1/eval/*: datasets with their splits, eval suites, and eval jobs (run, compare, rerun, replay)
+(spec §1.3, §1.4).
 
 Web-facing: no torch. Handlers only call services (writes) and selectors (reads); the rules are
 the pure modules evaluations.datasets.* and evaluations.suites.
@@ -11,12 +12,28 @@ from ninja import File, Form, Router, UploadedFile
 
 from core.accounts.auth import require_permission
 from core.errors import KilnError
-from evaluations import dataset_selectors, dataset_services, suite_selectors, suite_services
+from evaluations import (
+    dataset_selectors,
+    dataset_services,
+    eval_selectors,
+    eval_services,
+    suite_selectors,
+    suite_services,
+)
 from evaluations.datasets.split import PARTITIONS
+from evaluations.eval_payloads import EvalJobPayload
 from evaluations.schemas import (
     DatasetManifest,
     DatasetRows,
     Deleted,
+    EvalCompareRequest,
+    EvalJobDeleted,
+    EvalJobSummary,
+    EvalReplayRequest,
+    EvalRerunRequest,
+    EvalResult,
+    EvalRunRequest,
+    EvalRunResponse,
     SplitPreview,
     SplitRequest,
     SuiteDetail,
@@ -137,3 +154,76 @@ def suite_delete(request, name: str):
     require_permission(request, "submit_job")
     suite_services.suite_delete(suite=_suite_or_404(name))
     return {"name": name, "status": "deleted"}
+
+
+# -- eval jobs --------------------------------------------------------------------------------
+
+def _queued(job) -> dict:
+    payload = EvalJobPayload.of(job)
+    return {"job_id": str(job.uuid), "state": job.state, "mode": payload.mode, "suite_name": payload.suite["name"],
+            "suite_hash": payload.suite["suite_hash"], "effective_generation_hash": payload.effective_generation_hash,
+            "seed": str(payload.generation["seed"]), "targets": [t["adapter"] for t in payload.targets],
+            "origin_job_id": (payload.origin or {}).get("job_id")}
+
+
+def _eval_job_or_404(job_id: str):
+    job = eval_selectors.eval_job_get(job_id=job_id)
+    if job is None:
+        raise KilnError("eval_job_not_found", f"no eval job with id {job_id!r}", status=404,
+                        hint="list eval jobs with GET /v1/eval/jobs")
+    return job
+
+
+@router.post("/run", summary="Queue an eval job: one suite (registered or inline) against one target",
+             response=EvalRunResponse)
+def eval_run(request, body: EvalRunRequest):
+    require_permission(request, "submit_job")
+    return _queued(eval_services.eval_submit(body=body.as_dict(), mode="run", user=request.user))
+
+
+@router.post("/compare", summary="Queue a compare job: one suite against up to 8 targets, paired by example id",
+             response=EvalRunResponse)
+def eval_compare(request, body: EvalCompareRequest):
+    require_permission(request, "submit_job")
+    return _queued(eval_services.eval_submit(body=body.as_dict(), mode="compare", user=request.user))
+
+
+@router.get("/jobs", summary="Eval jobs, newest first", response=list[EvalJobSummary])
+def eval_jobs(request, limit: int = 200):
+    if not 1 <= limit <= 1000:
+        raise eval_services.invalid("must be between 1 and 1000", "limit")
+    return [eval_selectors.eval_summary(job) for job in eval_selectors.eval_jobs(limit=limit)]
+
+
+@router.get("/jobs/{job_id}", summary="One eval job: state, counts, accuracy, per-example outcomes and completions",
+            response=EvalResult)
+def eval_job(request, job_id: str, examples: bool = True):
+    """`examples=false` leaves out the per-example records and the outcome table (the counts stay)."""
+    return eval_selectors.eval_result(_eval_job_or_404(job_id), include_examples=examples)
+
+
+@router.delete("/jobs/{job_id}", summary="Cancel a queued or running eval job; delete a finished one",
+               response=EvalJobDeleted)
+def eval_job_delete(request, job_id: str):
+    require_permission(request, "submit_job")
+    status = eval_services.eval_cancel_or_delete(job=_eval_job_or_404(job_id), user=request.user)
+    return {"job_id": job_id, "status": status}
+
+
+@router.post("/jobs/{job_id}/rerun", summary="A new eval job over the examples with the selected outcome kinds",
+             response=EvalRunResponse)
+def eval_job_rerun(request, job_id: str, body: EvalRerunRequest | None = None):
+    require_permission(request, "submit_job")
+    job = eval_services.eval_rerun(job=_eval_job_or_404(job_id), body=body.as_dict() if body else {},
+                                   user=request.user)
+    return _queued(job)
+
+
+@router.post("/jobs/{job_id}/replay", summary="Strict replay of a completed eval job (matched | mismatch | error)",
+             response=EvalRunResponse)
+def eval_job_replay(request, job_id: str, body: EvalReplayRequest | None = None):
+    require_permission(request, "submit_job")
+    extra = sorted(body.as_dict()) if body else []
+    if extra:
+        raise eval_services.invalid("a strict replay takes no options", extra[0])
+    return _queued(eval_services.eval_replay(job=_eval_job_or_404(job_id), user=request.user))

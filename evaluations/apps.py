@@ -15,3 +15,10 @@ class EvaluationsConfig(AppConfig):
                                   handler="evaluations.rollout_jobs:run_rollouts_job", category="training",
                                   detail_section="evaluations.rollout_selectors:job_section",
                                   payload_type="evaluations.payloads:RolloutsJobPayload"))
+        # Eval jobs (run, compare, rerun, replay: one kind, `mode` in the payload): CPU-side in the
+        # control worker; every completion is sampled through the infer queue (the GPU worker).
+        register_job_kind(JobKind(name="eval.run", queue="control", handler="evaluations.eval_jobs:run_eval_job",
+                                  category="evaluation", queue_full_code="eval_queue_full",
+                                  queue_full_retry_after=15,
+                                  detail_section="evaluations.eval_selectors:job_section",
+                                  payload_type="evaluations.eval_payloads:EvalJobPayload"))

@@ -129,3 +129,100 @@ class SuiteDetail(Schema):
     examples: list[dict]
     source: dict
     created_at: str
+
+
+# -- eval jobs (/v1/eval/run, /compare, /jobs) ---------------------------------------------------
+
+GENERATION = {"title": "EvalGenerationSettings", "type": "object", "additionalProperties": False,
+              "description": "defaults filled in; bounds are core.contracts.sampling's. The seed (decimal u64) "
+                             "defaults to one derived from the suite hash; each example is sampled with a seed "
+                             "derived from it and the example id",
+              "properties": {"temperature": {"type": "number", "default": 0.0, "minimum": 0, "maximum": 2},
+                             "max_tokens": {"type": "integer", "default": 256, "minimum": 1, "maximum": 4096},
+                             "seed": {"type": ["string", "integer"], "pattern": "^[0-9]+$"},
+                             "top_p": {"type": "number", "default": 1.0}, "top_k": {"type": "integer", "default": 0},
+                             "min_p": {"type": "number", "default": 0.0},
+                             "repetition_penalty": {"type": "number", "default": 1.0},
+                             "presence_penalty": {"type": "number", "default": 0.0},
+                             "frequency_penalty": {"type": "number", "default": 0.0},
+                             "stop": {"type": "array", "items": {"type": "string"}},
+                             "thinking": {"type": "boolean", "default": False},
+                             "thinking_budget_tokens": {"type": ["integer", "null"]}}}
+RUN_REQUEST = {"title": "EvalRunRequest", "type": "object",
+               "description": "exactly one of suite_name (registered) or suite (an inline EvalSuiteRequest)",
+               "properties": {"suite_name": {"type": "string"}, "suite": SUITE_REQUEST,
+                              "adapter": {"type": ["string", "null"], "description": "null or 'base': the base model"},
+                              "generation": GENERATION}}
+COMPARE_REQUEST = {"title": "EvalCompareRequest", "type": "object", "required": ["adapters"],
+                   "description": "one suite against 1..8 targets, paired by example id",
+                   "properties": {"suite_name": {"type": "string"}, "suite": SUITE_REQUEST,
+                                  "adapters": {"type": "array", "minItems": 1, "maxItems": 8,
+                                               "items": {"type": ["string", "null"]}},
+                                  "generation": GENERATION}}
+RERUN_REQUEST = {"title": "EvalRerunRequest", "type": "object",
+                 "properties": {"adapter": {"type": ["string", "null"], "description": "default: the job's targets"},
+                                "outcome_kinds": {"type": "array", "items": {"enum": ["pass", "fail", "invalid", "error"]},
+                                                  "default": ["fail", "invalid", "error"]},
+                                "include_pass": {"type": "boolean", "default": False},
+                                "seed": {"type": ["string", "integer"], "description": "default: the job's seed"}}}
+
+EvalRunRequest = _documented("EvalRunRequest", RUN_REQUEST)
+EvalCompareRequest = _documented("EvalCompareRequest", COMPARE_REQUEST)
+EvalRerunRequest = _documented("EvalRerunRequest", RERUN_REQUEST)
+EvalReplayRequest = _documented("EvalReplayRequest", {
+    "title": "EvalReplayRequest", "type": "object", "additionalProperties": False, "properties": {},
+    "description": "no options: a strict replay re-uses the job's pinned suite, targets, settings and model"})
+
+
+class EvalRunResponse(Schema):
+    job_id: str
+    state: str
+    mode: str
+    suite_name: str
+    suite_hash: str
+    effective_generation_hash: str
+    seed: str
+    targets: list[str | None]
+    origin_job_id: str | None = None
+
+
+class EvalJobSummary(Schema):
+    job_id: str
+    mode: str
+    state: str
+    progress: float
+    progress_message: str
+    suite_name: str
+    suite_hash: str
+    effective_generation_hash: str
+    targets: list[str]
+    counts: dict | None = None
+    total: int | None = None
+    accuracy: float | None = None
+    replay_status: str | None = None
+    origin: dict | None = None
+    created_at: datetime
+    finished_at: datetime | None = None
+    error: dict | None = None
+
+
+class EvalResult(EvalJobSummary):
+    model_config = ConfigDict(extra="allow")
+
+    started_at: datetime | None = None
+    source_suite_hash: str | None = None
+    suite_source: str | None = None
+    generation: dict
+    model: dict
+    targets: list[dict]
+    examples: list[dict]
+    table: list[dict]
+    replay: dict | None = None
+    results_path: str | None = None
+    results_sha256: str | None = None
+    metrics: dict
+
+
+class EvalJobDeleted(Schema):
+    job_id: str
+    status: str

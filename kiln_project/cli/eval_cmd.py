@@ -1,7 +1,11 @@
-"""`kiln eval datasets ...` and `kiln eval suites ...`: datasets with their splits, and eval suites.
+"""`kiln eval datasets ...`, `kiln eval suites ...` and the eval jobs: `kiln eval run|compare|status|
+rerun|replay`.
 
 A thin client of /v1/eval/* (reference-spec §1.3, §1.4): it reads local files and sends them; the
-server validates. Errors print one line and exit non-zero. Imports no Django and no torch.
+server validates. Errors print one line and exit non-zero. `--follow` polls /v1/jobs/{id} with a
+progress bar (a line per change when not on a terminal), then prints the eval result; it exits
+non-zero when the job fails or is cancelled, and a replay also when it does not answer `matched`.
+Imports no Django and no torch.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from kiln_project.cli.client import CliError, KilnClient
-from kiln_project.cli.output import print_json, print_table
+from kiln_project.cli.output import TERMINAL_STATES, follow, print_json, print_table
 
 PARTITIONS = ("train", "validation", "holdout")
 FORMATS = ("grpo_groups", "sft_chat", "raw")
@@ -28,6 +32,15 @@ def _json_object(value: str) -> dict:
     return parsed
 
 
+def parse_bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
 def _percent(value: str) -> float | int:
     try:
         number = float(value)
@@ -37,7 +50,7 @@ def _percent(value: str) -> float | int:
 
 
 def add_parser(subparsers, common) -> None:
-    evaluate = subparsers.add_parser("eval", help="evaluation datasets and suites")
+    evaluate = subparsers.add_parser("eval", help="evaluation datasets, suites and eval jobs")
     sub = evaluate.add_subparsers(dest="eval_command", required=True)
 
     datasets = sub.add_parser("datasets", help="datasets with deterministic train/validation/holdout splits")
@@ -79,7 +92,46 @@ def add_parser(subparsers, common) -> None:
     sshow.add_argument("name")
     sdelete = ssub.add_parser("delete", parents=[common], help="delete a suite")
     sdelete.add_argument("name")
+    _add_job_parsers(sub, common)
     evaluate.set_defaults(handler=run)
+
+
+def _generation_flags(parser) -> None:
+    parser.add_argument("--temperature", type=float, help="default 0")
+    parser.add_argument("--max-tokens", type=int, help="default 256")
+    parser.add_argument("--top-p", type=float, help="default 1")
+    parser.add_argument("--seed", help="decimal u64 (default: derived from the suite hash)")
+    parser.add_argument("--thinking", type=parse_bool, metavar="BOOL", help="enable thinking (default false)")
+    parser.add_argument("--follow", action="store_true", help="wait for the job, showing progress")
+
+
+def _add_job_parsers(sub, common) -> None:
+    run_p = sub.add_parser("run", parents=[common], help="evaluate a suite against the base model or one adapter")
+    suite = run_p.add_mutually_exclusive_group(required=True)
+    suite.add_argument("--suite", help="a registered suite's name")
+    suite.add_argument("--suite-file", type=Path, help="an inline suite (a kiln.eval-suite.v1 JSON file)")
+    run_p.add_argument("--adapter", help="an adapter name (default: the base model)")
+    _generation_flags(run_p)
+    compare = sub.add_parser("compare", parents=[common], help="one suite against up to 8 targets, per example")
+    csuite = compare.add_mutually_exclusive_group(required=True)
+    csuite.add_argument("--suite", help="a registered suite's name")
+    csuite.add_argument("--suite-file", type=Path, help="an inline suite (a kiln.eval-suite.v1 JSON file)")
+    compare.add_argument("--adapter", action="append", required=True, dest="adapters",
+                         help="a target (repeat, up to 8); 'base' is the base model")
+    _generation_flags(compare)
+    status = sub.add_parser("status", parents=[common], help="eval jobs, or one job's result")
+    status.add_argument("job_id", nargs="?")
+    status.add_argument("--follow", action="store_true", help="wait for the job, showing progress")
+    rerun = sub.add_parser("rerun", parents=[common], help="a new job over a job's examples with chosen outcomes")
+    rerun.add_argument("job_id")
+    rerun.add_argument("--adapter", help="another target ('base' for the base model; default: the job's)")
+    rerun.add_argument("--outcome-kinds", help="comma-separated (default fail,invalid,error)")
+    rerun.add_argument("--include-pass", action="store_true", help="also rerun the passing examples")
+    rerun.add_argument("--seed", help="decimal u64 (default: the job's seed)")
+    rerun.add_argument("--follow", action="store_true", help="wait for the job, showing progress")
+    replay = sub.add_parser("replay", parents=[common], help="strict replay of a completed job: matched or mismatch")
+    replay.add_argument("job_id")
+    replay.add_argument("--follow", action="store_true", help="wait for the verdict (exit 1 unless matched)")
 
 
 def _read(path: Path) -> bytes:
@@ -177,8 +229,128 @@ def _print_text(args, result) -> None:
             print(f"  {example['id']}: target {example.get('target')!r}")
 
 
+def _suite_fields(args) -> dict:
+    if args.suite_file is None:
+        return {"suite_name": args.suite}
+    try:
+        return {"suite": json.loads(_read(args.suite_file))}
+    except ValueError as exc:
+        raise CliError("invalid_json", f"{args.suite_file}: not valid JSON ({exc})") from None
+
+
+def _generation(args) -> dict:
+    fields = {"temperature": args.temperature, "max_tokens": args.max_tokens, "top_p": args.top_p,
+              "seed": args.seed, "thinking": args.thinking}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _target(name: str | None):
+    return None if name in (None, "", "base") else name
+
+
+def _job_label(job: dict) -> str:
+    if job["state"] == "queued" and job.get("queue_position"):
+        return f"queued (position {job['queue_position']})"
+    return job["state"] + (f": {job['progress_message']}" if job.get("progress_message") else "")
+
+
+def _print_result(result: dict) -> None:
+    print(f"{result['job_id']}  eval {result['mode']}  {result['state']}  suite {result['suite_name']} "
+          f"({result['suite_hash']})")
+    print(f"generation {result['effective_generation_hash']}  seed {result['generation']['seed']}")
+    for target in result["targets"]:
+        counts = target.get("counts")
+        if counts:
+            accuracy = target.get("accuracy")
+            print(f"  {target['label']:24} " + "  ".join(f"{k} {v}" for k, v in counts.items())
+                  + (f"  accuracy {accuracy:.4f}" if accuracy is not None else ""))
+        else:
+            print(f"  {target['label']:24} {result['progress'] * 100:.0f}% {result.get('progress_message') or ''}")
+    replay = result.get("replay")
+    if replay:
+        line = f"replay of {replay.get('of')}: {replay['status']}"
+        first = replay.get("first_mismatch")
+        if first:
+            line += (f" at example {first['example_id']} ({first.get('target')}), token {first.get('token_index')}, "
+                     f"char {first.get('char_index')}")
+        if replay.get("message"):
+            line += f" ({replay['message']})"
+        print(line)
+    if result.get("error"):
+        print(f"error {result['error']['code']}: {result['error']['message']}")
+
+
+def _settle(client: KilnClient, job_id: str, follow_it: bool, as_json: bool) -> int:
+    job_path = f"/v1/eval/jobs/{quote(job_id, safe='')}"
+    if follow_it:
+        job = follow(lambda: client.get(f"/v1/jobs/{quote(job_id, safe='')}"), _job_label)
+        if job["state"] not in TERMINAL_STATES:  # pragma: no cover - follow returns terminal states only
+            return 1
+    result = client.get(job_path)
+    if as_json:
+        print_json(result)
+    else:
+        _print_result(result)
+    if not follow_it:
+        return 0
+    if result["state"] == "failed":
+        error = result.get("error") or {}
+        raise CliError(error.get("code", "job_failed"), error.get("message", "the eval job failed"))
+    if result["state"] == "cancelled":
+        raise CliError("job_cancelled", f"eval job {job_id} was cancelled")
+    replay = result.get("replay")
+    if replay and replay.get("status") != "matched":
+        raise CliError(f"replay_{replay.get('status')}", f"replay of {replay.get('of')} answered {replay.get('status')}")
+    return 0
+
+
+def _jobs(client: KilnClient, args) -> int:
+    command = args.eval_command
+    if command == "status" and not args.job_id:
+        jobs = client.get("/v1/eval/jobs")
+        if args.json:
+            print_json(jobs)
+        else:
+            rows = [{**j, "targets": ",".join(j["targets"]), "progress": f"{j['progress'] * 100:.0f}%",
+                     "accuracy": "" if j.get("accuracy") is None else f"{j['accuracy']:.4f}"} for j in jobs]
+            print_table(rows, ["job_id", "mode", "state", "progress", "suite_name", "targets", "accuracy"])
+        return 0
+    if command == "status":
+        return _settle(client, args.job_id, args.follow, args.json)
+    if command in ("run", "compare"):
+        body = {**_suite_fields(args), "generation": _generation(args)}
+        if command == "run":
+            body["adapter"] = _target(args.adapter)
+        else:
+            body["adapters"] = [_target(a) for a in args.adapters]
+        queued = client.post(f"/v1/eval/{command}", json=body)
+    elif command == "rerun":
+        body = {"include_pass": args.include_pass}
+        if args.adapter is not None:
+            body["adapter"] = _target(args.adapter)
+        if args.outcome_kinds:
+            body["outcome_kinds"] = [k.strip() for k in args.outcome_kinds.split(",") if k.strip()]
+        if args.seed is not None:
+            body["seed"] = args.seed
+        queued = client.post(f"/v1/eval/jobs/{quote(args.job_id, safe='')}/rerun", json=body)
+    else:
+        queued = client.post(f"/v1/eval/jobs/{quote(args.job_id, safe='')}/replay", json={})
+    if not args.follow:
+        if args.json:
+            print_json(queued)
+        else:
+            print(f"queued eval {queued['mode']} {queued['job_id']}: suite {queued['suite_name']} "
+                  f"({queued['suite_hash']}), generation {queued['effective_generation_hash']}, seed {queued['seed']}")
+        return 0
+    if not args.json:
+        print(f"queued eval {queued['mode']} {queued['job_id']}")
+    return _settle(client, queued["job_id"], True, args.json)
+
+
 def run(args) -> int:
     client = KilnClient(args.url)
+    if args.eval_command not in ("datasets", "suites"):
+        return _jobs(client, args)
     result = _datasets(client, args) if args.eval_command == "datasets" else _suites(client, args)
     if args.json:
         print_json(result)

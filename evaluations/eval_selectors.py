@@ -1,0 +1,170 @@
+"""Reads about eval jobs (`eval.run`): the pinned suite, the published results, the API's
+`EvalResult` and list rows, and the job-page section.
+
+The job row is the truth about state; per-example outcomes and completions live in the file the
+handler published atomically when the job completed (`HomeLayout.eval_job(uuid)/results.json`,
+its sha256 recorded in the job result and re-checked on every read). While a job runs, the counts
+so far come from its metrics. Imports no torch (web-facing modules read through it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.conf import settings
+from django.urls import reverse
+
+from core.canonical import sha256_digest
+from core.jobs.kinds import JobSection
+from core.jobs.models import Job, JobState
+from evaluations.eval_payloads import KIND, OUTCOME_KINDS, EvalJobPayload, target_label
+
+RESULTS_FILE = "results.json"
+RESULTS_SCHEMA = "kiln.eval-results.v1"
+SECTION_ROWS = 200
+SECTION_COMPLETION_CHARS = 120
+
+
+def eval_job_dir(*, job_id: str) -> Path:
+    return settings.KILN.layout.eval_job(str(job_id))
+
+
+def eval_results_path(*, job_id: str) -> Path:
+    return eval_job_dir(job_id=job_id) / RESULTS_FILE
+
+
+def pinned_suite(*, payload: EvalJobPayload) -> dict | None:
+    """The suite document a job was pinned to, or None if it is gone or no longer its sha256."""
+    try:
+        data = Path(payload.suite["path"]).read_bytes()
+    except OSError:
+        return None
+    if sha256_digest(data) != payload.suite["sha256"]:
+        return None
+    return json.loads(data)
+
+
+def eval_jobs(*, limit: int = 200):
+    return list(Job.objects.filter(kind=KIND, deleted_at__isnull=True).select_related("submitted_by")
+                .order_by("-id")[:limit])
+
+
+def eval_job_get(*, job_id: str) -> Job | None:
+    from core.jobs.selectors import job_get
+
+    job = job_get(job_id=job_id)
+    return job if job is not None and job.kind == KIND else None
+
+
+def eval_results_document(*, job) -> dict | None:
+    """A completed job's published results (checked against the sha256 in its result), or None."""
+    result = job.result or {}
+    if job.state != JobState.COMPLETED or not result.get("results_path"):
+        return None
+    expected = eval_results_path(job_id=str(job.uuid))
+    if Path(result["results_path"]) != expected:
+        return None
+    try:
+        data = expected.read_bytes()
+    except OSError:
+        return None
+    if sha256_digest(data) != result.get("results_sha256"):
+        return None
+    return json.loads(data)
+
+
+def eval_records(*, job) -> list[dict] | None:
+    document = eval_results_document(job=job)
+    return None if document is None else document["records"]
+
+
+def empty_counts() -> dict:
+    return {kind: 0 for kind in OUTCOME_KINDS}
+
+
+def _targets(payload: EvalJobPayload, result: dict) -> list[dict]:
+    per_target = {t.get("index"): t for t in result.get("targets") or []}
+    out = []
+    for index, target in enumerate(payload.targets):
+        summary = per_target.get(index) or {}
+        out.append({"index": index, "adapter": target.get("adapter"), "label": target_label(target.get("adapter")),
+                    "content_sha256": target.get("content_sha256"), "counts": summary.get("counts"),
+                    "total": summary.get("total"), "accuracy": summary.get("accuracy")})
+    return out
+
+
+def _replay(job, payload: EvalJobPayload) -> dict | None:
+    if payload.mode != "replay":
+        return None
+    of = (payload.origin or {}).get("job_id")
+    if job.state == JobState.COMPLETED and isinstance((job.result or {}).get("replay"), dict):
+        return {"of": of, **job.result["replay"]}
+    if job.state in (JobState.FAILED, JobState.CANCELLED):
+        return {"of": of, "status": "error", "message": f"the replay job ended {job.state}: "
+                f"{job.error_code}: {job.error_message}"}
+    return {"of": of, "status": "pending"}
+
+
+def eval_summary(job) -> dict:
+    """One row of GET /v1/eval/jobs."""
+    payload, result, metrics = EvalJobPayload.of(job), job.result or {}, job.metrics or {}
+    counts = result.get("counts") or ({k: metrics.get(k, 0) for k in OUTCOME_KINDS} if metrics else None)
+    replay = _replay(job, payload)
+    return {
+        "job_id": str(job.uuid), "mode": payload.mode, "state": job.state, "progress": job.progress,
+        "progress_message": job.progress_message, "suite_name": payload.suite["name"],
+        "suite_hash": payload.suite["suite_hash"], "effective_generation_hash": payload.effective_generation_hash,
+        "targets": payload.labels, "counts": counts, "total": result.get("total", payload.suite["examples"] *
+                                                                          len(payload.targets)),
+        "accuracy": result.get("accuracy"), "replay_status": replay["status"] if replay else None,
+        "origin": payload.origin, "created_at": job.created_at, "finished_at": job.finished_at,
+        "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
+    }
+
+
+def eval_result(job, *, include_examples: bool = True) -> dict:
+    """GET /v1/eval/jobs/{id}: the `EvalResult`."""
+    payload, result = EvalJobPayload.of(job), job.result or {}
+    document = eval_results_document(job=job) if include_examples else None
+    return {
+        **eval_summary(job),
+        "started_at": job.started_at, "source_suite_hash": payload.suite.get("source_suite_hash"),
+        "suite_source": payload.suite.get("source"), "generation": payload.generation, "model": payload.model,
+        "targets": _targets(payload, result), "examples": document["records"] if document else [],
+        "table": document.get("table", []) if document else [], "replay": _replay(job, payload),
+        "results_path": result.get("results_path"), "results_sha256": result.get("results_sha256"),
+        "metrics": job.metrics or {},
+    }
+
+
+# -- the job page -----------------------------------------------------------------------------
+
+def _clip(text: str | None, limit: int = SECTION_COMPLETION_CHARS) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def eval_section(job) -> dict:
+    """What the eval part of an `eval.run` job's page shows."""
+    data = eval_result(job)
+    labels = [t["label"] for t in data["targets"]]
+    rows = [{"example_id": r["example_id"], "target": r.get("target") or labels[r.get("target_index", 0)],
+             "outcome": r["outcome"], "detail": _clip(r.get("detail"), 160), "completion": _clip(r.get("completion")),
+             "finish_reason": r.get("finish_reason")} for r in data["examples"][:SECTION_ROWS]]
+    metrics = job.metrics or {}
+    counts = data["counts"] or empty_counts()
+    return {
+        **data, "counts": counts, "rows": rows, "rows_total": len(data["examples"]),
+        "rows_truncated": len(data["examples"]) > SECTION_ROWS, "compare": len(labels) > 1, "labels": labels,
+        "examples_done": metrics.get("examples_done"), "examples_total": metrics.get("examples_total"),
+        "count_items": [(k, counts.get(k, 0)) for k in OUTCOME_KINDS],
+    }
+
+
+def job_section(job) -> JobSection:
+    """The eval part of an eval job's page (JobKind.detail_section of eval.run)."""
+    section = eval_section(job)
+    metrics = {k: v for k, v in (job.metrics or {}).items() if k not in OUTCOME_KINDS}
+    return JobSection("ui/evaluations/eval_job_section.html", {"evaluation": section}, metrics=metrics,
+                      links=(("Evaluations", reverse("ui:evaluations")),))
