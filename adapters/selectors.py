@@ -27,3 +27,11 @@ def adapter_receipt(*, adapter: Adapter) -> dict | None:
         return None
     path = Path(adapter.path) / "train_receipt.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def adapter_active(*, excluding: str | None = None) -> Adapter | None:
+    """The adapter serving now: the most recently published one that is active (None: the base model)."""
+    adapters = Adapter.objects.filter(state=AdapterState.PUBLISHED, loaded=True)
+    if excluding:
+        adapters = adapters.exclude(name=excluding)
+    return adapters.order_by("-published_at", "-id").first()

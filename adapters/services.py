@@ -59,3 +59,30 @@ def adapter_release(*, name: str) -> None:
 
     Publication is atomic (hidden sibling, then rename), so a failed job left no adapter files."""
     Adapter.objects.filter(name=name, state=AdapterState.WRITING).delete()
+
+
+def adapter_activate(*, name: str) -> Adapter:
+    """Mark a published adapter active for serving (auto_load, or a passed post-eval gate)."""
+    updated = Adapter.objects.filter(name=name, state=AdapterState.PUBLISHED).update(loaded=True)
+    if not updated:
+        raise KilnError("adapter_not_found", f"no published adapter named {name!r}", status=404)
+    return Adapter.objects.get(name=name)
+
+
+def adapter_demote(*, name: str) -> Path | None:
+    """A gate found the adapter below the floor with confidence: it leaves the registry and its folder
+    is renamed `<name>.failed` (kept for audit, never served). Returns the new folder."""
+    adapter = Adapter.objects.filter(name=name).first()
+    if adapter is None:
+        return None
+    moved = None
+    if adapter.path and Path(adapter.path).is_dir():
+        target = Path(adapter.path).with_name(f"{name}.failed")
+        suffix = 1
+        while target.exists():
+            suffix += 1
+            target = Path(adapter.path).with_name(f"{name}.failed.{suffix}")
+        Path(adapter.path).rename(target)
+        moved = target
+    adapter.delete()
+    return moved

@@ -13,6 +13,8 @@ from django.db import models
 class ReceiptKind(models.TextChoices):
     TRAIN = "train", "training"
     TRAIN_FAILURE = "train_failure", "failed training"
+    POST_EVAL_GATE = "post_eval_gate", "post-eval gate decision"
+    ACTIVATION = "activation", "adapter activation"
 
 
 class AppendOnlyError(Exception):

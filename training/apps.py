@@ -15,3 +15,7 @@ class TrainingConfig(AppConfig):
                                   on_unsuccessful="training.hooks:release_output_adapter",
                                   detail_section="training.fragments:job_section",
                                   payload_type="training.payloads:GrpoJobPayload"))
+        # After a training with post_eval: evaluate the adapter, then the gate decides activation.
+        register_job_kind(JobKind(name="training.post_eval", queue="control",
+                                  handler="training.post_eval_jobs:run_post_eval_job", category="evaluation",
+                                  payload_type="training.post_eval_jobs:PostEvalJobPayload"))

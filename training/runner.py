@@ -126,5 +126,12 @@ def run_grpo_job(ctx) -> dict:
             loaded=bool(config.auto_load and smoke_passed and not gate_pending),
         )
         receipt_record(kind=ReceiptKind.TRAIN, subject=name, body=receipt, job=ctx.job)
+        post_eval_job = None
+        if payload.post_eval is not None:
+            from training.post_eval_jobs import post_eval_submit
+
+            post_eval_job = post_eval_submit(training_job=ctx.job, adapter_name=name, post_eval=payload.post_eval,
+                                             suite_hash=payload.post_eval_suite_hash or "",
+                                             auto_load=bool(config.auto_load and smoke_passed))
     return {**summary, "adapter_path": str(result.adapter_path), "loaded": adapter.loaded,
-            "linked_eval_job_ids": []}
+            "post_eval_job_id": str(post_eval_job.uuid) if post_eval_job else None}

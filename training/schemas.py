@@ -116,6 +116,9 @@ class TrainingStatus(Schema):
     training_data: dict | None = None
     error: TrainingErrorOut | None = None
     cancel_requested: bool
+    gate_outcome: str | None = None  # promoted | kept | regression | demoted | inconclusive | error
+    post_eval_verdict: str | None = None
+    post_eval_gate_evidence: list[dict] = []
 
 
 class TrainingDetail(TrainingStatus):
@@ -130,6 +133,8 @@ class TrainingDetail(TrainingStatus):
     latest_checkpoint: str | None = None
     effective_config: dict | None = None
     post_eval: dict | None = None
+    post_eval_job_id: str | None = None
+    states: dict | None = None  # training, evaluation, activation: each with its state and time
 
 
 class QueuedEntry(Schema):

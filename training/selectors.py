@@ -29,6 +29,37 @@ def _unix_ms(moment) -> int | None:
     return int(moment.timestamp() * 1000) if moment else None
 
 
+def post_eval_job(job: Job) -> Job | None:
+    """The post-eval of a training job, if it was queued (see training.post_eval_jobs)."""
+    job_id = (job.result or {}).get("post_eval_job_id")
+    return Job.objects.filter(uuid=job_id).first() if job_id else None
+
+
+def post_eval_state(job: Job) -> dict:
+    """Training completion, evaluation and activation: three recorded states, each with its time."""
+    evaluation = post_eval_job(job)
+    result = (evaluation.result or {}) if evaluation else {}
+    adapter = Adapter.objects.filter(training_job=job).first()
+    return {
+        "training": {"state": job.state, "at": job.finished_at},
+        "evaluation": None if evaluation is None else {
+            "job_id": str(evaluation.uuid), "state": evaluation.state, "outcome": result.get("gate_outcome"),
+            "at": evaluation.finished_at, "error": evaluation.error_code or None},
+        "activation": {"active": bool(adapter and adapter.loaded), "at": result.get("activated_at"),
+                       "demoted_to": result.get("demoted_to")},
+    }
+
+
+def _gate_fields(job: Job) -> dict:
+    evaluation = post_eval_job(job)
+    result = (evaluation.result or {}) if evaluation else {}
+    fields = {"gate_outcome": result.get("gate_outcome"), "post_eval_verdict": result.get("post_eval_verdict"),
+              "post_eval_gate_evidence": result.get("post_eval_gate_evidence", [])}
+    if evaluation is not None and evaluation.state in ("queued", "running"):
+        fields["post_eval_verdict"] = "post-eval pending: the adapter stays inactive until the gate decides"
+    return fields
+
+
 def training_status(job: Job) -> dict:
     payload = GrpoJobPayload.of(job)
     started = job.started_at
@@ -49,6 +80,7 @@ def training_status(job: Job) -> dict:
         "training_data": payload.training_data,
         "error": error,
         "cancel_requested": job.cancel_requested,
+        **_gate_fields(job),
     }
 
 
@@ -61,6 +93,14 @@ def _receipt(adapter_path: str | None, job: Job) -> dict | None:
     return None
 
 
+def _linked_eval_job_ids(job: Job) -> list[str]:
+    evaluation = post_eval_job(job)
+    if evaluation is None:
+        return []
+    linked = (evaluation.result or {}).get("linked_eval_job_ids")
+    return linked if linked else [str(evaluation.metrics["eval_job_id"])] if evaluation.metrics.get("eval_job_id") else []
+
+
 def training_detail(job: Job) -> dict:
     payload = GrpoJobPayload.of(job)
     adapter = Adapter.objects.filter(training_job=job).first()
@@ -70,7 +110,9 @@ def training_detail(job: Job) -> dict:
         "epoch": job.metrics.get("epoch"),
         "adapter_path": adapter_path,
         "auto_load": payload.config.auto_load,
-        "linked_eval_job_ids": job.result.get("linked_eval_job_ids", []),
+        "linked_eval_job_ids": _linked_eval_job_ids(job),
+        "post_eval_job_id": job.result.get("post_eval_job_id"),
+        "states": post_eval_state(job),
         "loss_history": job.metrics.get("loss_history", []),
         "reward_history": job.metrics.get("reward_history", []),
         "kl_history": job.metrics.get("kl_history", []),
