@@ -1,0 +1,110 @@
+"""The post-eval job's branches that need no model (issue 12): a suite removed or changed after
+admission ends the gate `error` with evidence and a receipt row, and the adapter stays inactive;
+a demoted adapter leaves the registry and its folder becomes `<name>.failed`; the active adapter
+is the most recently published one that is active."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from adapters.models import Adapter
+from adapters.selectors import adapter_active
+from adapters.services import adapter_activate, adapter_demote, adapter_publish, adapter_reserve
+from core.contracts.grpo_submission import PostEvalConfig
+from core.jobs.models import Job
+from core.jobs.runner import run_queued_jobs
+from core.jobs.services import job_submit
+from core.models import Receipt
+from evaluations.suite_services import suite_store
+from training.post_eval_jobs import post_eval_submit
+from training.selectors import training_detail
+
+pytestmark = pytest.mark.django_db
+
+SUITE = {"name": "held", "scorer": {"type": "exact"},
+         "examples": [{"id": "q1", "messages": [{"role": "user", "content": "What is 1 + 1?"}], "target": "2"}]}
+
+
+@pytest.fixture
+def home(settings, tmp_path):
+    settings.KILN = replace(settings.KILN, home=tmp_path / "home")
+    return tmp_path / "home"
+
+
+def _published(name: str, home: Path, *, loaded: bool = False) -> Adapter:
+    folder = home / "adapters" / name
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    adapter_reserve(name=name)
+    return adapter_publish(name=name, path=folder, content_sha256="sha256:" + "0" * 64, base_model_sha256="",
+                           loaded=loaded)
+
+
+def _training_job(name: str):
+    job = job_submit(kind="test.steps", payload={"steps": 1}, title=f"training {name}")
+    Job.objects.filter(id=job.id).update(kind="training.grpo", state="completed")
+    return Job.objects.get(id=job.id)
+
+
+def test_the_active_adapter_is_the_newest_active_one(home):
+    assert adapter_active() is None  # the base model
+    _published("a1", home, loaded=True)
+    _published("a2", home)
+    assert adapter_active().name == "a1"
+    adapter_activate(name="a2")
+    assert adapter_active().name == "a2" and adapter_active(excluding="a2").name == "a1"
+
+
+def test_a_suite_changed_after_admission_ends_the_gate_in_error(home, django_capture_on_commit_callbacks):
+    suite = suite_store(body=SUITE)
+    _published("prev", home, loaded=True)
+    _published("cand", home)
+    post_eval = PostEvalConfig.from_dict({"suite": "held", "min_accuracy": 0.5})
+    with django_capture_on_commit_callbacks(execute=True):
+        job = post_eval_submit(training_job=_training_job("cand"), adapter_name="cand", post_eval=post_eval,
+                               suite_hash="sha256:" + "1" * 64, auto_load=True)
+    assert job.payload["baseline_adapter"] == "prev"
+    assert suite.suite_hash != job.payload["suite_hash"]
+    with django_capture_on_commit_callbacks(execute=True):
+        run_queued_jobs("control")
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert job.result["gate_outcome"] == "error"
+    [evidence] = job.result["post_eval_gate_evidence"]
+    assert evidence["outcome"] == "error" and "removed or changed" in evidence["reason"]
+    assert Adapter.objects.get(name="cand").loaded is False  # never served
+    receipt = Receipt.objects.get(kind="post_eval_gate", subject="cand")
+    assert receipt.body["evidence"] == evidence
+
+
+def test_training_detail_reads_the_gate_from_its_post_eval_job(home, django_capture_on_commit_callbacks):
+    suite = suite_store(body=SUITE)
+    _published("cand2", home)
+    training = _training_job("cand2")
+    with django_capture_on_commit_callbacks(execute=True):
+        evaluation = post_eval_submit(training_job=training, adapter_name="cand2",
+                                      post_eval=PostEvalConfig.from_dict({"suite": "held", "min_accuracy": 0.5}),
+                                      suite_hash=suite.suite_hash + "x", auto_load=False)
+    Job.objects.filter(id=training.id).update(
+        payload={"route": "/v1/train/grpo", "adapter_name": "cand2", "snapshot_path": "/nonexistent",
+                 "config": {"seed": "1", "output_name": "cand2"}, "training_data": {"source": "inline"},
+                 "post_eval": {"suite": "held", "min_accuracy": 0.5}},
+        result={"post_eval_job_id": str(evaluation.uuid)})
+    with django_capture_on_commit_callbacks(execute=True):
+        run_queued_jobs("control")
+    detail = training_detail(Job.objects.get(id=training.id))
+    assert detail["gate_outcome"] == "error" and detail["post_eval_gate_evidence"][0]["outcome"] == "error"
+    assert detail["states"]["evaluation"]["outcome"] == "error"
+    assert detail["states"]["activation"] == {"active": False, "at": None, "demoted_to": None}
+
+
+def test_a_demoted_adapter_is_renamed_failed_and_leaves_the_registry(home):
+    adapter = _published("bad", home)
+    moved = adapter_demote(name="bad")
+    assert moved == home / "adapters" / "bad.failed" and (moved / "adapter_model.safetensors").is_file()
+    assert not Path(adapter.path).exists() and not Adapter.objects.filter(name="bad").exists()
+    again = _published("bad", home)  # the name can be trained again; a second demotion keeps both folders
+    assert adapter_demote(name="bad") == home / "adapters" / "bad.failed.2" and not Path(again.path).exists()
