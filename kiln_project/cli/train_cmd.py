@@ -92,7 +92,10 @@ def _final(status: dict, as_json: bool) -> int:
     if as_json:
         print_json(status)
     else:
-        print(f"{status['job_id']}  {status['state']}  adapter {status.get('adapter_name')}")
+        gate = f"  gate {status['gate_outcome']}" if status.get("gate_outcome") else ""
+        print(f"{status['job_id']}  {status['state']}  adapter {status.get('adapter_name')}{gate}")
+        if status.get("post_eval_verdict"):
+            print(f"post-eval: {status['post_eval_verdict']}")
     if status["state"] != "completed":
         error = status.get("error") or {}
         raise CliError(error.get("code", f"job_{status['state']}"), error.get("message", status["state"]))
@@ -140,7 +143,8 @@ def run(args) -> int:
         if args.json:
             print_json(status)
         else:
-            for key in ("job_id", "state", "progress", "current_loss", "adapter_name", "elapsed_secs", "error"):
+            for key in ("job_id", "state", "progress", "current_loss", "adapter_name", "elapsed_secs", "error",
+                        "gate_outcome", "post_eval_verdict"):
                 print(f"{key:14} {status.get(key)}")
         return 0
     statuses = client.get("/v1/train/status")
@@ -148,5 +152,5 @@ def run(args) -> int:
         print_json(statuses)
     else:
         print_table([{**s, "progress": f"{s['progress'] * 100:.0f}%"} for s in statuses],
-                    ["job_id", "state", "progress", "current_loss", "adapter_name"])
+                    ["job_id", "state", "progress", "current_loss", "adapter_name", "gate_outcome"])
     return 0

@@ -69,7 +69,7 @@ def loop(stack_factory, tiny_model_dir):
     api = stack.client(token)
     api.timeout = 120
     assert api.post("/v1/eval/suites", json=_suite()).status_code == 200
-    return stack, api
+    return stack, api, token
 
 
 def _train(api, body) -> str:
@@ -95,7 +95,7 @@ def _adapter(api, name: str) -> dict:
 
 
 def test_the_gate_promotes_a_good_round_and_holds_back_a_broken_one(loop):
-    stack, api = loop
+    stack, api, token = loop
     broken = _settled(api, _train(api, {"groups": _groups(48, inverted=True, seed=1),
                                         "config": _config("sums-broken", lr=2e-3)}))
     assert broken["state"] == "completed", broken.get("error")
@@ -118,6 +118,8 @@ def test_the_gate_promotes_a_good_round_and_holds_back_a_broken_one(loop):
     assert states["evaluation"]["outcome"] == "promoted" and states["evaluation"]["at"] >= states["training"]["at"]
     assert states["activation"]["active"] is True and states["activation"]["at"]
     assert _adapter(api, "sums-good")["loaded"] is True
+    shown = stack.kiln("train", "status", "--job-id", good["job_id"], "--url", stack.url, env={"KILN_API_TOKEN": token})
+    assert "gate_outcome   promoted" in shown.stdout, shown.stdout
     eval_job = api.get(f"/v1/eval/jobs/{evidence['eval_job_id']}").json()
     assert eval_job["state"] == "completed" and eval_job["suite_hash"] == evidence["suite_hash"]
 
