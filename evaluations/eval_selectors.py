@@ -168,3 +168,80 @@ def job_section(job) -> JobSection:
     metrics = {k: v for k, v in (job.metrics or {}).items() if k not in OUTCOME_KINDS}
     return JobSection("ui/evaluations/eval_job_section.html", {"evaluation": section}, metrics=metrics,
                       links=(("Evaluations", reverse("ui:evaluations")),))
+
+
+# -- the Evaluations pages: the jobs list and the compare view --------------------------------
+
+COMPARE_PAGE_ROWS = 100
+COMPARE_PREVIEW_CHARS = 80
+
+
+def eval_job_rows(*, limit: int = 200) -> list[dict]:
+    """The Evaluations → Jobs table: each eval job with its `eval_summary` (no results file is read)."""
+    return [{"job": job, "summary": eval_summary(job)} for job in eval_jobs(limit=limit)]
+
+
+def _last_user_text(messages) -> str:
+    for message in reversed(messages or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    return ""
+
+
+def _compare_cell(record: dict | None) -> dict | None:
+    if record is None:
+        return None
+    completion = record.get("completion")
+    return {"outcome": record["outcome"], "completion": completion, "preview": _clip(completion, COMPARE_PREVIEW_CHARS),
+            "detail": record.get("detail") or "", "finish_reason": record.get("finish_reason")}
+
+
+def eval_compare(job, *, differing_only: bool = False, offset: int = 0, limit: int = COMPARE_PAGE_ROWS) -> dict:
+    """The compare view of an eval job: one row per example id (suite order) with each target's outcome
+    and completion side by side, the example's prompt and reference target from the pinned suite, and
+    the per-target counts. `differs` is true when the targets' outcomes are not all the same; with
+    `differing_only` only those rows are kept. Rows are paged (`offset`, `limit`) after filtering."""
+    payload = EvalJobPayload.of(job)
+    targets = _targets(payload, job.result or {})
+    document = eval_results_document(job=job)
+    suite = pinned_suite(payload=payload) or {}
+    examples = {e.get("id"): e for e in suite.get("examples") or [] if isinstance(e, dict)}
+    n = len(targets)
+    by_example: dict[str, list] = {}
+    for record in (document or {}).get("records") or []:
+        cells = by_example.setdefault(record["example_id"], [None] * n)
+        index = record.get("target_index", 0)
+        if 0 <= index < n:
+            cells[index] = record
+    rows = []
+    for example_id, records in by_example.items():
+        outcomes = [r["outcome"] if r else None for r in records]
+        example = examples.get(example_id) or {}
+        rows.append({"example_id": example_id, "prompt": _last_user_text(example.get("messages")),
+                     "has_reference": "target" in example, "reference": example.get("target"),
+                     "cells": [_compare_cell(r) for r in records], "outcomes": outcomes,
+                     "differs": len(set(outcomes)) > 1})
+    differing = sum(1 for row in rows if row["differs"])
+    shown = [row for row in rows if row["differs"]] if differing_only else rows
+    offset = max(0, min(offset, max(len(shown) - 1, 0)))
+    labels = [t["label"] for t in targets]
+    for target in targets:
+        target["header"] = target["label"] if labels.count(target["label"]) == 1 else \
+            f"{target['label']} #{target['index'] + 1}"
+        target["count_items"] = [(k, (target["counts"] or {}).get(k, 0)) for k in OUTCOME_KINDS]
+    return {
+        "job": job, "payload": payload, "mode": payload.mode, "suite_name": payload.suite["name"],
+        "suite_hash": payload.suite["suite_hash"], "effective_generation_hash": payload.effective_generation_hash,
+        "generation": payload.generation, "targets": targets, "available": document is not None,
+        "suite_readable": bool(examples), "examples_total": len(rows), "differing_total": differing,
+        "differing_only": differing_only, "rows_total": len(shown), "rows": shown[offset:offset + limit],
+        "offset": offset, "limit": limit,
+    }
+
+
+def eval_target_choices() -> list[str]:
+    """The adapters an eval job can target besides the base model: the published ones, by name."""
+    from adapters.models import Adapter, AdapterState
+
+    return list(Adapter.objects.filter(state=AdapterState.PUBLISHED).order_by("name").values_list("name", flat=True))

@@ -150,3 +150,52 @@ def suite_body(text: str, upload) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise form_error(f"not valid JSON ({exc})", "suite_json") from None
     return body
+
+
+# ---- run an evaluation (the suite page) --------------------------------------------------------
+
+RUN_FIELDS = ("targets", "temperature", "max_tokens", "seed")
+RUN_SLOTS = 8  # evaluations.eval_payloads.MAX_TARGETS: one select per target
+BASE = "base"
+
+
+def blank_run() -> dict:
+    return {"targets": [BASE] + [""] * (RUN_SLOTS - 1), "temperature": "0", "max_tokens": "256", "seed": ""}
+
+
+def run_values(post) -> dict:
+    """The form's text as posted; `targets` keeps every slot (blank = unused) so the form shows them again."""
+    targets = [value.strip() for value in post.getlist("targets")]
+    targets += [""] * (RUN_SLOTS - len(targets))
+    return {"targets": targets, **{name: post.get(name, "") for name in ("temperature", "max_tokens", "seed")}}
+
+
+def run_request(values: dict, *, suite_name: str) -> tuple[str, dict]:
+    """(mode, body) for evaluations.eval_services.eval_submit: one chosen target is a `run`, two or
+    more (the base model may be chosen more than once) a `compare`; blank generation fields keep
+    the defaults."""
+    chosen = [t for t in values["targets"] if t]
+    if not chosen:
+        raise form_error("choose a target: the base model or a published adapter", "targets")
+    if len(chosen) > RUN_SLOTS:
+        raise form_error(f"a compare takes at most {RUN_SLOTS} targets, not {len(chosen)}", "targets")
+    generation: dict = {}
+    for name in ("temperature", "max_tokens"):
+        if values[name].strip():
+            generation[name] = number(values[name])
+    if values["seed"].strip():
+        generation["seed"] = values["seed"].strip()
+    body: dict = {"suite_name": suite_name, "generation": generation}
+    adapters = [None if t == BASE else t for t in chosen]
+    if len(adapters) == 1:
+        return "run", {**body, "adapter": adapters[0]}
+    return "compare", {**body, "adapters": adapters}
+
+
+def run_error_field(error: KilnError) -> str:
+    """The run form's field an eval_submit error belongs next to ("" for the form as a whole)."""
+    field = error.field or ""
+    if field in ("targets", "adapter") or field.startswith("adapters"):
+        return "targets"
+    name = field.removeprefix("generation.")
+    return name if name in ("temperature", "max_tokens", "seed") else ""

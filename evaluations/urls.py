@@ -14,4 +14,7 @@ urlpatterns = [
     path("suites/", views.suites_page, name="evaluation_suites"),
     path("suites/<str:name>/", views.suite_page, name="evaluation_suite"),
     path("suites/<str:name>/delete/", views.suite_delete_view, name="evaluation_suite_delete"),
+    path("suites/<str:name>/run/", views.suite_run_view, name="evaluation_suite_run"),
+    path("jobs/", views.eval_jobs_page, name="evaluation_jobs"),
+    path("jobs/<uuid:job_id>/compare/", views.eval_compare_page, name="evaluation_compare"),
 ]

@@ -1,6 +1,8 @@
 """Dashboard pages of evaluations (/ui/evaluations/): the hub, datasets (upload, re-split with a
 preview, rows, synthesis of a suite, delete), eval suites (create from JSON, examples, delete) and
-the evaluation jobs' live table.
+the evaluation jobs: the Jobs tab (state, mode, suite, targets, accuracy, progress), the compare
+view of one job (targets side by side per example, with the completions) and the suite page's
+"Run evaluation" form (evaluations.eval_services.eval_submit).
 
 The views only move form fields and uploads into the services (evaluations.dataset_services,
 evaluations.suite_services; the form text to body translation is evaluations.forms) and render what
@@ -21,7 +23,15 @@ from django.views.decorators.http import require_POST
 
 from core.errors import KilnError
 from core.jobs.fragments import jobs_for_table, table_context
-from evaluations import dataset_selectors, dataset_services, forms, suite_selectors, suite_services
+from evaluations import (
+    dataset_selectors,
+    dataset_services,
+    eval_selectors,
+    eval_services,
+    forms,
+    suite_selectors,
+    suite_services,
+)
 from evaluations.datasets.formats import FORMATS
 from evaluations.datasets.split import PARTITIONS
 from evaluations.datasets.synthesize import PROVENANCE_KEY, STRATEGIES
@@ -289,7 +299,8 @@ def _example_view(example: dict) -> dict:
             "provenance": provenance if isinstance(provenance, dict) else {}}
 
 
-def _suite_render(request, suite, *, error: KilnError | None = None, forbidden: str = "", status: int = 200):
+def _suite_render(request, suite, *, error: KilnError | None = None, forbidden: str = "", status: int = 200,
+                  run_values: dict | None = None, run_error: KilnError | None = None):
     document, read_error = None, None
     try:
         document = suite_selectors.suite_document(suite=suite)
@@ -307,6 +318,10 @@ def _suite_render(request, suite, *, error: KilnError | None = None, forbidden: 
         "delete_error": error,
         "forbidden": forbidden,
         "can_submit": _can_submit(request),
+        "run_values": run_values or forms.blank_run(),
+        "run_error": run_error,
+        "run_error_field": forms.run_error_field(run_error) if run_error else "",
+        "target_choices": eval_selectors.eval_target_choices(),
     }
     return render(request, "ui/evaluations/suite_detail.html", context, status=status)
 
@@ -328,3 +343,47 @@ def suite_delete_view(request, name):
     suite_services.suite_delete(suite=suite)
     messages.success(request, f"Deleted suite {name}.")
     return redirect("ui:evaluation_suites")
+
+
+@login_required
+@require_POST
+def suite_run_view(request, name):
+    """Queue an eval job of this suite: one target is a run, two to eight a compare (paired by example)."""
+    suite = _suite_or_404(name)
+    values = forms.run_values(request.POST)
+    if not _can_submit(request):
+        return _suite_render(request, suite, run_values=values, status=403,
+                             forbidden=_forbidden(request, "run evaluations"))
+    try:
+        mode, body = forms.run_request(values, suite_name=suite.name)
+        job = eval_services.eval_submit(body=body, mode=mode, user=request.user)
+    except KilnError as exc:
+        return _suite_render(request, suite, run_values=values, run_error=exc, status=exc.status)
+    messages.success(request, f"Queued {job.title}.")
+    return redirect("ui:job_detail", job_id=job.uuid)
+
+
+# ---- eval jobs ---------------------------------------------------------------------------------
+
+@login_required
+def eval_jobs_page(request):
+    """Evaluations → Jobs: every eval job with its mode, suite, targets, accuracy and progress. While a
+    job is queued or running the table body re-reads itself (`?fragment=rows`) every few seconds."""
+    rows = eval_selectors.eval_job_rows()
+    context = {"tab": "jobs", "rows": rows, "active": any(not row["job"].is_terminal for row in rows)}
+    if request.GET.get("fragment") == "rows":
+        return render(request, "ui/evaluations/jobs.html#eval_jobs_body", context)
+    return render(request, "ui/evaluations/jobs.html", context)
+
+
+@login_required
+def eval_compare_page(request, job_id):
+    """One eval job's targets side by side: a row per example id, each target's outcome and completion."""
+    job = eval_selectors.eval_job_get(job_id=str(job_id))
+    if job is None:
+        raise Http404("no such eval job")
+    differing = request.GET.get("show") == "differing"
+    compare = eval_selectors.eval_compare(job, differing_only=differing, offset=_offset(request))
+    context = {"tab": "jobs", "job": job, "compare": compare, "show": "differing" if differing else "all",
+               "pager": _pager(compare["offset"], compare["limit"], compare["rows_total"])}
+    return render(request, "ui/evaluations/compare.html", context)
