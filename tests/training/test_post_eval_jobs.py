@@ -108,3 +108,31 @@ def test_a_demoted_adapter_is_renamed_failed_and_leaves_the_registry(home):
     assert not Path(adapter.path).exists() and not Adapter.objects.filter(name="bad").exists()
     again = _published("bad", home)  # the name can be trained again; a second demotion keeps both folders
     assert adapter_demote(name="bad") == home / "adapters" / "bad.failed.2" and not Path(again.path).exists()
+
+
+def test_the_training_job_page_shows_the_three_states_and_the_gate(home, django_capture_on_commit_callbacks):
+    from django.test import Client
+
+    from core.accounts.services import user_create
+
+    suite = suite_store(body=SUITE)
+    _published("cand3", home)
+    training = _training_job("cand3")
+    with django_capture_on_commit_callbacks(execute=True):
+        evaluation = post_eval_submit(training_job=training, adapter_name="cand3",
+                                      post_eval=PostEvalConfig.from_dict({"suite": "held", "min_accuracy": 0.5}),
+                                      suite_hash=suite.suite_hash + "x", auto_load=True)
+    Job.objects.filter(id=training.id).update(
+        payload={"route": "/v1/train/grpo", "adapter_name": "cand3", "snapshot_path": "/nonexistent",
+                 "config": {"seed": "1", "output_name": "cand3"}, "training_data": {"source": "inline"},
+                 "post_eval": {"suite": "held", "min_accuracy": 0.5}},
+        result={"post_eval_job_id": str(evaluation.uuid)})
+    with django_capture_on_commit_callbacks(execute=True):
+        run_queued_jobs("control")
+    client = Client()
+    client.force_login(user_create(username="looker", password="long-enough-pw"))
+    html = client.get(f"/ui/jobs/{training.uuid}/").content.decode()
+    assert 'id="training-states"' in html and 'id="state-evaluation"' in html
+    assert "gate <strong>error</strong>" in html
+    assert 'id="gate-evidence" data-outcome="error"' in html
+    assert "not active (gate error)" in html
