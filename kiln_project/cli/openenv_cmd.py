@@ -1,4 +1,4 @@
-"""`kiln openenv inspect|tasks`: discover OpenEnv environments from this machine (reference-spec §1.7).
+"""`kiln openenv inspect|tasks|rollout|verify|replay`: OpenEnv from this machine (reference-spec §1.7).
 
 Local commands: they talk to the environment servers directly through the pure client
 (`openenv.client`), not to the Kiln API, and import no Django and no torch. `inspect` checks
@@ -7,6 +7,13 @@ profile, OpenAPI version, schema, action-schema and complete-discovery SHA-256);
 one page of the optional Task API (501 means unsupported). Bearer tokens come from
 `--credential-env VAR` (one per `--environment`, `-` for a public one) and are never printed.
 Failures print one line with a stable code and exit non-zero.
+
+`rollout` collects seed-matched groups (`openenv.collector`) with Kiln's model as the policy: each
+turn is a POST /v1/chat/completions with rollout provenance to `--url` (token: KILN_API_TOKEN or
+the local cli-token), validated against its provenance record; it publishes the JSONL, the replay
+and the summary together, or nothing. `verify` checks the three files offline (`openenv.verify`);
+`replay` verifies, then runs the recorded transcript against the live environments
+(`openenv.replay`) and exits non-zero on the first divergence.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
+from pathlib import Path
 
 from kiln_project.cli.client import CliError
 from kiln_project.cli.output import print_json
@@ -32,7 +41,57 @@ def add_parser(subparsers, common) -> None:
     tasks.add_argument("--split", help="list the tasks of this split (default: list the splits)")
     tasks.add_argument("--start", type=int, default=0)
     tasks.add_argument("--limit", type=int, default=50, help="1..200 (default 50)")
+    _rollout_args(sub, common)
+    verify = sub.add_parser("verify", parents=[common], help="check a collection's JSONL, replay and summary offline")
+    _artifact_args(verify)
+    replay = sub.add_parser("replay", parents=[common], help="verify, then run the recorded transcript again live")
+    _artifact_args(replay)
+    replay.add_argument("--credential-env", action="append", default=[], metavar="VAR",
+                        help="bearer token variable per recorded environment, in order; - = public")
+    replay.add_argument("--concurrency", type=_positive, default=4)
+    replay.add_argument("--capacity-wait-seconds", type=float, default=300.0)
     openenv.set_defaults(handler=run)
+
+
+def _positive(value: str) -> int:
+    from kiln_project.cli.rollout_cmd import positive_int
+
+    return positive_int(value)
+
+
+def _rollout_args(sub, common) -> None:
+    from kiln_project.cli.rollout_cmd import parse_bool, parse_budget
+
+    p = sub.add_parser("rollout", parents=[common], help="collect seed-matched OpenEnv episodes with Kiln's model",
+                       description="Collect groups x candidates of stateful episodes and publish canonical "
+                                   "AgenticGroup JSONL, the replay transcript and the summary together.")
+    _environment_args(p)
+    p.add_argument("--adapter", default="base", help="behavior adapter (base, none or null: the base model)")
+    p.add_argument("--groups", type=_positive, default=8)
+    p.add_argument("--group-size", type=_positive, default=4)
+    p.add_argument("--seed-start", type=int, default=0)
+    p.add_argument("--reset-options", type=Path, metavar="FILE", help="one JSON reset object for every environment")
+    p.add_argument("--environment-reset-options", action="append", default=[], metavar="FILE|-",
+                   help="a JSON reset object per --environment, aligned; - for an empty slot")
+    p.add_argument("--max-steps", type=_positive, default=8)
+    p.add_argument("--concurrency", type=_positive, default=4)
+    p.add_argument("--max-action-tokens", type=_positive, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--thinking", type=parse_bool, default=True, metavar="BOOL", help="default true")
+    p.add_argument("--thinking-budget-tokens", type=parse_budget, default=None, metavar="N|unlimited")
+    p.add_argument("--protocol-error-reward", type=float, default=-1.0)
+    p.add_argument("--max-recoverable-errors", type=int, default=3)
+    p.add_argument("--capacity-wait-seconds", type=float, default=300.0)
+    p.add_argument("--output", type=Path, default=Path("openenv.rollouts.jsonl"))
+    p.add_argument("--replay-output", type=Path, default=Path("openenv.replay.json"))
+    p.add_argument("--summary-output", type=Path, default=Path("openenv.rollout-summary.json"))
+
+
+def _artifact_args(parser) -> None:
+    parser.add_argument("summary_file", nargs="?", metavar="SUMMARY", help="the rollout summary (or --summary)")
+    parser.add_argument("--summary", type=Path, help="the rollout summary JSON")
+    parser.add_argument("--dataset", type=Path, help="the JSONL (default: the summary's output_path)")
+    parser.add_argument("--replay", type=Path, help="the replay transcript (default: the summary's replay_output_path)")
 
 
 def _environment_args(parser) -> None:
@@ -62,6 +121,11 @@ def _clean(value) -> str:
 def run(args) -> int:
     from openenv.client import OpenEnvError, credentials_for_urls, normalize_url
 
+    if args.openenv_command in ("rollout", "verify", "replay"):
+        try:
+            return {"rollout": _rollout, "verify": _verify, "replay": _replay}[args.openenv_command](args)
+        except OpenEnvError as exc:
+            raise _cli_error(exc) from None
     try:
         endpoints = [normalize_url(url) for url in _urls(args)]
         credentials = credentials_for_urls(endpoints, args.credential_env)
@@ -131,3 +195,146 @@ def _tasks(args, endpoint, credential) -> int:
             print("  " + _clean(json.dumps(row, sort_keys=True))[:300])
     return 0
 
+
+
+# --- rollout ---------------------------------------------------------------------------------------
+
+MAX_RESET_FILE_BYTES = 16 * 1024 * 1024 - 1024
+
+
+def _reset_file(path: Path) -> dict:
+    try:
+        size = path.stat().st_size
+        if size > MAX_RESET_FILE_BYTES:
+            raise CliError("openenv_invalid_collection", f"{path} holds {size} bytes; at most {MAX_RESET_FILE_BYTES}")
+        value = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise CliError("openenv_invalid_collection", f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError("openenv_invalid_collection", f"{path} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CliError("openenv_invalid_collection", f"{path} must hold one JSON object")
+    return value
+
+
+def _progress():
+    from kiln_project.cli.output import ProgressBar
+
+    if not sys.stderr.isatty():
+        return None, None
+    bar = ProgressBar()
+    return bar, lambda done, total, label: bar.update(done / total, f"{done}/{total} {label}")
+
+
+def _kiln_post(client):
+    from openenv.collector import CollectionError
+
+    async def post(body: dict) -> dict:
+        try:
+            return await asyncio.to_thread(client.post, "/v1/chat/completions", json=body)
+        except CliError as exc:
+            raise CollectionError("openenv_policy_failed", f"the model server answered {exc.code}: {exc.message}",
+                                  failure_code="model_inference_failed", hint=exc.hint or None) from None
+
+    return post
+
+
+def _rollout(args) -> int:
+    from kiln_project.cli.client import KilnClient
+    from kiln_project.cli.rollout_cmd import REQUEST_TIMEOUT_S
+    from openenv.client import credentials_for_urls, normalize_url
+    from openenv.collector import ChatCompletionPolicy, CollectionConfig, collect_and_publish
+    from openenv.collector.config import adapter_name
+
+    urls = [normalize_url(url).base_url for url in _urls(args)]
+    if args.reset_options is not None and args.environment_reset_options:
+        raise CliError("openenv_invalid_collection", "give --reset-options or --environment-reset-options, not both")
+    per_environment = None
+    if args.environment_reset_options:
+        per_environment = [None if item == "-" else _reset_file(Path(item)) for item in args.environment_reset_options]
+    client = KilnClient(args.url, timeout=REQUEST_TIMEOUT_S)
+    config = CollectionConfig(
+        environment_urls=urls, credentials=credentials_for_urls(urls, args.credential_env), kiln_url=client.url,
+        adapter=args.adapter, groups=args.groups, group_size=args.group_size, seed_start=args.seed_start,
+        max_steps=args.max_steps, concurrency=args.concurrency, max_action_tokens=args.max_action_tokens,
+        temperature=args.temperature, thinking=args.thinking, thinking_budget_tokens=args.thinking_budget_tokens,
+        protocol_error_reward=args.protocol_error_reward, max_recoverable_errors=args.max_recoverable_errors,
+        capacity_wait_seconds=args.capacity_wait_seconds,
+        reset_options=_reset_file(args.reset_options) if args.reset_options is not None else None,
+        environment_reset_options=per_environment, output_path=args.output, replay_output_path=args.replay_output,
+        summary_output_path=args.summary_output).check()
+    policy = ChatCompletionPolicy(_kiln_post(client), adapter=adapter_name(args.adapter))
+    bar, progress = _progress()
+    try:
+        bundle = asyncio.run(collect_and_publish(config, policy, on_progress=progress))
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = bundle.summary_value
+    stats = summary["stats"]
+    if args.json:
+        print_json({"output": summary["output_path"], "replay_output": summary["replay_output_path"],
+                    "summary_output": summary["summary_output_path"], "dataset_sha256": summary["dataset_sha256"],
+                    "stats": stats})
+        return 0
+    print(f"wrote {summary['groups']} groups ({summary['rollout_count']} rollouts) to {summary['output_path']}")
+    print(f"replay: {summary['replay_output_path']}")
+    print(f"summary: {summary['summary_output_path']}")
+    print(f"return mean {stats['mean_episode_return']:.4g}  min {stats['min_episode_return']:.4g}  "
+          f"max {stats['max_episode_return']:.4g}; done {stats['done_count']}, max_steps {stats['max_steps_count']}, "
+          f"invalid {stats['invalid_model_action_count']}, protocol {stats['protocol_error_count']}; "
+          f"{stats['total_environment_steps']} steps, {stats['total_model_tokens']} policy tokens")
+    return 0
+
+
+def _summary_path(args) -> Path:
+    path = args.summary or (Path(args.summary_file) if args.summary_file else None)
+    if path is None:
+        raise CliError("openenv_verification_failed", "give the rollout summary", "kiln openenv verify --summary FILE")
+    return path
+
+
+def _verify(args) -> int:
+    from openenv.verify import verify
+
+    report = verify(_summary_path(args), dataset_path=args.dataset, replay_path=args.replay).report
+    if args.json:
+        print_json(report)
+    else:
+        print(f"verified {report['groups']} groups, {report['rollouts']} rollouts, "
+              f"{report['environment_exchanges']} environment exchanges")
+        print(f"dataset  {report['dataset_sha256']}  {report['dataset_path']}")
+        print(f"replay   {report['replay_sha256']}  {report['replay_path']}")
+    return 0
+
+
+def _replay(args) -> int:
+    from openenv.client.credentials import credentials_for_urls
+    from openenv.replay import replay_async
+    from openenv.verify import verify
+
+    summary = verify(_summary_path(args), dataset_path=args.dataset, replay_path=args.replay).summary
+    urls = [e["identity"]["base_url"] for e in summary["environments"]]
+    credentials = credentials_for_urls(urls, args.credential_env)
+    bar, progress = _progress()
+    try:
+        report = asyncio.run(replay_async(_summary_path(args), dataset_path=args.dataset, replay_path=args.replay,
+                                          credentials=credentials, concurrency=args.concurrency,
+                                          capacity_wait_seconds=args.capacity_wait_seconds, on_progress=progress))
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        print_json(report)
+    elif report["outcome"] == "matched":
+        print(f"matched: {report['rollouts']} rollouts, {report['environment_exchanges']} exchanges "
+              f"({report['environment_prefix_only_rollouts']} replayed as an episode prefix)")
+    if report["outcome"] != "matched":
+        d = report["divergence"]
+        step = "reset" if d["step_index"] is None else f"step {d['step_index']}"
+        message = (f"group {d['group_index']} candidate {d['candidate_index']} {step}: {d['field']} was "
+                   f"{_clean(json.dumps(d['expected']))[:80]}, now {_clean(json.dumps(d['actual']))[:80]}")
+        if args.json:
+            return 1
+        raise CliError("openenv_replay_diverged", message, "the environment's dynamics changed since the collection")
+    return 0
