@@ -189,7 +189,7 @@ def test_kill_9_of_the_control_worker_during_a_rollout_job(gpu_stack, tmp_path):
     (work / "score.py").write_bytes((EXAMPLE / "score_math.py").read_bytes())
     for directory in (tmp_path, work):
         directory.chmod(0o755)  # the sandbox user reads the scorer
-    stack.start_worker("control-worker", "control")
+    stack.start_worker("control-worker", "control", threads=1)  # one at a time: the second job stays queued
 
     def submit(seeds: int) -> str:
         out = stack.run([sys.executable, "-m", "tests.support.submit_rollouts", str(work), str(seeds)])
@@ -198,8 +198,9 @@ def test_kill_9_of_the_control_worker_during_a_rollout_job(gpu_stack, tmp_path):
     victim, queued = submit(16), submit(2)
     wait_until(lambda: _job(api, victim)["progress"] > 0, 120, interval=0.05, what="the first scored request")
     pids = _worker_pids(stack, "control")
+    assert _job(api, queued)["state"] == "queued"
     stack.kill("control-worker")
-    stack.start_worker("control-worker-2", "control")
+    stack.start_worker("control-worker-2", "control", threads=1)
     assert_interrupted(_wait_terminal(api, victim, 90))
     done = _wait_terminal(api, queued)
     assert done["state"] == "completed", done.get("error")
