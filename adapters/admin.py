@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from adapters.models import Adapter
+from adapters.models import Adapter, AdapterTransition
 from core.admin_base import ReadOnlyAdmin
 
 
@@ -10,3 +10,10 @@ from core.admin_base import ReadOnlyAdmin
 class AdapterAdmin(ReadOnlyAdmin):
     list_display = ("name", "state", "loaded", "content_sha256", "created_at", "published_at")
     readonly_fields = [f.name for f in Adapter._meta.fields]
+
+
+@admin.register(AdapterTransition)
+class AdapterTransitionAdmin(ReadOnlyAdmin):
+    list_display = ("adapter", "from_state", "to_state", "actor", "reason", "at")
+    list_filter = ("to_state",)
+    readonly_fields = [f.name for f in AdapterTransition._meta.fields]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class AdapterState(models.TextChoices):
@@ -28,3 +30,47 @@ class Adapter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.state})"
+
+
+class AdapterStatus(models.TextChoices):
+    """The states an adapter's history names (AdapterTransition.to_state) and the API's `status`."""
+
+    WRITING = "writing"  # reserved; a training job is writing it
+    AVAILABLE = "available"  # published, on disk, not active
+    ACTIVE = "active"  # published and active for serving (`loaded`)
+    FAILED = "failed"  # its training failed, or a gate demoted it
+    DELETED = "deleted"  # removed by hand (its receipts stay)
+
+
+class AdapterTransitionError(Exception):
+    """A transition row cannot be changed or deleted."""
+
+
+class AdapterTransition(models.Model):
+    """One change of an adapter's state: who, when, why. Append-only (save() of an existing row and
+    delete() raise), keyed by name so the history outlives the adapter row."""
+
+    adapter = models.CharField(max_length=64, db_index=True)
+    from_state = models.CharField(max_length=16, blank=True)  # "" for the first transition
+    to_state = models.CharField(max_length=16, choices=AdapterStatus.choices)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="adapter_transitions")
+    reason = models.TextField(blank=True)
+    job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="adapter_transitions")
+    content_sha256 = models.CharField(max_length=80, blank=True)  # the adapter's digest at the time
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise AdapterTransitionError("adapter transitions are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AdapterTransitionError("adapter transitions are append-only")
+
+    def __str__(self) -> str:
+        return f"{self.adapter}: {self.from_state or '-'} → {self.to_state}"

@@ -1,23 +1,58 @@
-"""API shapes of adapters."""
+"""API shapes of adapters: the registry row, one adapter's detail, and the request bodies."""
 
 from __future__ import annotations
+
+from ninja import Schema
 
 from core.models import ReceiptKind
 from core.receipts import receipt_latest
 
 
-def adapter_out(adapter) -> dict:
+class LoadRequest(Schema):
+    name: str
+    allow_quarantined: bool = False  # the reference's override for a failed canary (none exist yet)
+    reason: str = ""
+
+
+class UnloadRequest(Schema):
+    name: str
+    reason: str = ""
+
+
+def adapter_out(adapter, *, active_name: str | None = None) -> dict:
+    """One registry row. `status` is writing | available | active | failed (`active` means loaded);
+    `active` says whether it is the adapter served by default now (the newest active one)."""
+    from adapters.selectors import adapter_status
+
     receipt = receipt_latest(kind=ReceiptKind.TRAIN, subject=adapter.name)
+    job = adapter.training_job if adapter.training_job_id else None
     return {
         "name": adapter.name,
         "state": adapter.state,
+        "status": adapter_status(adapter),
+        "active": active_name is not None and adapter.name == active_name,
         "path": adapter.path or None,
         "content_sha256": adapter.content_sha256 or None,
         "base_model_sha256": adapter.base_model_sha256 or None,
         "base_adapter": adapter.base_adapter or None,
         "loaded": adapter.loaded,
-        "training_job_id": str(adapter.training_job.uuid) if adapter.training_job_id else None,
+        "training_job_id": str(job.uuid) if job else None,
+        "training_job_state": job.state if job else None,
         "created_at": adapter.created_at,
         "published_at": adapter.published_at,
         "receipt_sha256": receipt.sha256 if receipt else None,  # the receipt row; the file hashes the same
+    }
+
+
+def adapter_detail_out(adapter, *, active_name: str | None = None) -> dict:
+    from adapters import selectors
+
+    return {
+        **adapter_out(adapter, active_name=active_name),
+        "files": selectors.adapter_files_detail(adapter=adapter),
+        "transitions": [selectors.transition_out(t) for t in selectors.adapter_transitions(name=adapter.name)],
+        "training_job": selectors.job_summary(adapter.training_job if adapter.training_job_id else None),
+        "evaluations": selectors.adapter_evaluations(adapter=adapter),
+        "lineage": selectors.adapter_lineage(adapter=adapter),
+        "receipts": selectors.adapter_receipts(name=adapter.name),
     }

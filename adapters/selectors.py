@@ -1,11 +1,18 @@
-"""Read-only adapter queries."""
+"""Read-only adapter queries: the registry, one adapter's status, files, history, evidence and lineage."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from adapters.models import Adapter, AdapterState
+from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition
+from core.jobs.models import Job, JobState
+from core.models import Receipt, ReceiptKind
+
+EVAL_KIND = "eval.run"
+POST_EVAL_KIND = "training.post_eval"
+MAX_LINEAGE = 64  # a base_adapter chain longer than this is reported as cut
+MAX_EVAL_JOBS_SCANNED = 500
 
 
 def adapter_list():
@@ -35,3 +42,122 @@ def adapter_active(*, excluding: str | None = None) -> Adapter | None:
     if excluding:
         adapters = adapters.exclude(name=excluding)
     return adapters.order_by("-published_at", "-id").first()
+
+
+def adapter_status(adapter: Adapter) -> str:
+    """writing | available | active | failed: `active` is the `loaded` flag; `failed` is a reservation
+    whose training job ended without publishing (its release is pending)."""
+    if adapter.state == AdapterState.WRITING:
+        job = adapter.training_job
+        if job is not None and job.state in (JobState.FAILED, JobState.CANCELLED):
+            return AdapterStatus.FAILED
+        return AdapterStatus.WRITING
+    return AdapterStatus.ACTIVE if adapter.loaded else AdapterStatus.AVAILABLE
+
+
+def adapter_transitions(*, name: str) -> list[AdapterTransition]:
+    """The append-only history of a name, oldest first (it outlives the adapter row)."""
+    return list(AdapterTransition.objects.filter(adapter=name).select_related("actor", "job").order_by("at", "id"))
+
+
+def transition_out(transition: AdapterTransition) -> dict:
+    return {"from_state": transition.from_state or None, "to_state": transition.to_state,
+            "actor": transition.actor.username if transition.actor_id else None, "reason": transition.reason,
+            "job_id": str(transition.job.uuid) if transition.job_id else None,
+            "content_sha256": transition.content_sha256 or None, "at": transition.at}
+
+
+def adapter_files_detail(*, adapter: Adapter) -> list[dict]:
+    """Every file in the adapter's folder with its size and sha256 (flat: an adapter has no sub-folders)."""
+    from adapters.content import ADAPTER_FILES, file_sha256, folder_files
+
+    if not adapter.path:
+        return []
+    root = Path(adapter.path)
+    return [{"file": name, "size": (root / name).stat().st_size, "sha256": file_sha256(root / name),
+             "defines_adapter": name in ADAPTER_FILES} for name in folder_files(root)]
+
+
+def job_summary(job: Job | None) -> dict | None:
+    if job is None:
+        return None
+    result = job.result or {}
+    return {"job_id": str(job.uuid), "kind": job.kind, "state": job.state, "title": job.title,
+            "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
+            "submitted_by": job.submitted_by.username if job.submitted_by_id else None,
+            "final_step": result.get("final_step"), "total_steps": result.get("total_steps"),
+            "effective_seed": result.get("effective_seed"),
+            "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None}
+
+
+def _post_eval_job(training_job: Job | None) -> Job | None:
+    """The post-eval of the training job (training.post_eval_jobs queues it and names it in the result)."""
+    if training_job is None:
+        return None
+    job_id = (training_job.result or {}).get("post_eval_job_id")
+    if job_id:
+        return Job.objects.filter(uuid=job_id).first()
+    return None
+
+
+def _eval_jobs_of(name: str) -> list[dict]:
+    """Eval jobs that sampled this adapter as one of their targets, newest first."""
+    rows = []
+    jobs = Job.objects.filter(kind=EVAL_KIND, deleted_at__isnull=True).order_by("-id")[:MAX_EVAL_JOBS_SCANNED]
+    for job in jobs:
+        targets = (job.payload or {}).get("targets") or []
+        indexes = [i for i, t in enumerate(targets) if isinstance(t, dict) and t.get("adapter") == name]
+        if not indexes:
+            continue
+        per_target = {t.get("index"): t for t in (job.result or {}).get("targets") or [] if isinstance(t, dict)}
+        mine = per_target.get(indexes[0]) or {}
+        rows.append({"job_id": str(job.uuid), "state": job.state, "mode": (job.payload or {}).get("mode"),
+                     "suite": ((job.payload or {}).get("suite") or {}).get("name"),
+                     "accuracy": mine.get("accuracy"), "total": mine.get("total"), "counts": mine.get("counts"),
+                     "targets": [t.get("adapter") for t in targets if isinstance(t, dict)],
+                     "finished_at": job.finished_at})
+    return rows
+
+
+def adapter_evaluations(*, adapter: Adapter) -> dict:
+    """The post-eval gate (outcome, verdict, evidence) of the producing training job, the gate receipts
+    recorded for this name, and every eval job that sampled it."""
+    post_eval = _post_eval_job(adapter.training_job)
+    result = (post_eval.result or {}) if post_eval else {}
+    gate = None if post_eval is None else {
+        "job_id": str(post_eval.uuid), "state": post_eval.state, "gate_outcome": result.get("gate_outcome"),
+        "post_eval_verdict": result.get("post_eval_verdict"),
+        "evidence": result.get("post_eval_gate_evidence", []),
+        "linked_eval_job_ids": result.get("linked_eval_job_ids", []),
+        "evaluated_at": result.get("evaluated_at"), "activated_at": result.get("activated_at")}
+    receipts = Receipt.objects.filter(subject=adapter.name, kind=ReceiptKind.POST_EVAL_GATE).order_by("created_at", "id")
+    return {"post_eval": gate,
+            "gate_receipts": [{"sha256": r.sha256, "created_at": r.created_at,
+                               "outcome": ((r.body or {}).get("evidence") or {}).get("outcome")} for r in receipts],
+            "eval_jobs": _eval_jobs_of(adapter.name)}
+
+
+def adapter_lineage(*, adapter: Adapter) -> list[dict]:
+    """The chain up `base_adapter`, nearest parent first; a parent no longer in the registry is named
+    with `missing`, and the chain stops there (or at a cycle)."""
+    chain, seen, current = [], {adapter.name}, adapter.base_adapter
+    while current and len(chain) < MAX_LINEAGE:
+        if current in seen:
+            chain.append({"name": current, "cycle": True})
+            break
+        seen.add(current)
+        parent = Adapter.objects.filter(name=current).first()
+        if parent is None:
+            chain.append({"name": current, "missing": True})
+            break
+        chain.append({"name": parent.name, "status": adapter_status(parent),
+                      "content_sha256": parent.content_sha256 or None,
+                      "training_job_id": str(parent.training_job.uuid) if parent.training_job_id else None})
+        current = parent.base_adapter
+    return chain
+
+
+def adapter_receipts(*, name: str) -> list[dict]:
+    return [{"kind": r.kind, "sha256": r.sha256, "schema": r.schema, "created_at": r.created_at,
+             "job_id": str(r.job.uuid) if r.job_id else None}
+            for r in Receipt.objects.filter(subject=name).select_related("job").order_by("created_at", "id")]

@@ -1,19 +1,26 @@
-"""Adapter state changes: reserve a name for a training job, publish it, release it on failure."""
+"""Adapter state changes: reserve a name for a training job, publish it, release it on failure,
+activate and unload it, demote it, upload one, delete one. Every change appends an AdapterTransition
+(who, why, which job) in the transaction that makes it."""
 
 from __future__ import annotations
 
+import logging
 import re
+import shutil
 from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from adapters.models import Adapter, AdapterState
-from core.artifacts import ensure_dir
+from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition
+from core.artifacts import CHECKPOINT_SUFFIX, StagedDirectory, ensure_dir, hidden_sibling
 from core.errors import KilnError
 
+log = logging.getLogger(__name__)
+
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ACTIVATION_SCHEMA = "kiln.adapter-activation.v1"  # the same receipt the post-eval gate writes
 
 
 def adapters_root() -> Path:
@@ -27,7 +34,31 @@ def validate_adapter_name(name: str, *, field: str = "output_name") -> str:
     return name
 
 
-def adapter_reserve(*, name: str, job=None, base_adapter: str = "") -> Adapter:
+def status_of(adapter: Adapter | None) -> str:
+    """writing | available | active | failed (a reservation whose job ended without publishing)."""
+    from adapters.selectors import adapter_status
+
+    return adapter_status(adapter) if adapter is not None else ""
+
+
+def _actor(user):
+    """The user to record: a real, saved user; None for the system or anonymous loopback access."""
+    return user if user is not None and getattr(user, "pk", None) is not None else None
+
+
+def transition_record(*, name: str, from_state: str, to_state: str, actor=None, reason: str = "", job=None,
+                      content_sha256: str = "") -> AdapterTransition:
+    return AdapterTransition.objects.create(adapter=name, from_state=from_state or "", to_state=to_state,
+                                            actor=_actor(actor), reason=reason, job=job,
+                                            content_sha256=content_sha256 or "")
+
+
+def _not_found(name: str) -> KilnError:
+    return KilnError("adapter_not_found", f"no adapter named {name!r}", status=404,
+                     hint="list adapters with GET /v1/adapters (kiln adapters list)")
+
+
+def adapter_reserve(*, name: str, job=None, base_adapter: str = "", actor=None) -> Adapter:
     """Claim a new versioned name for a job. A name in use answers adapter_revision_conflict."""
     validate_adapter_name(name)
     existing = Adapter.objects.filter(name=name).first()
@@ -38,43 +69,72 @@ def adapter_reserve(*, name: str, job=None, base_adapter: str = "") -> Adapter:
             hint="use a new versioned output name for every round, e.g. math-r002", status=409)
     try:
         with transaction.atomic():
-            return Adapter.objects.create(name=name, state=AdapterState.WRITING, training_job=job,
-                                          base_adapter=base_adapter)
+            adapter = Adapter.objects.create(name=name, state=AdapterState.WRITING, training_job=job,
+                                             base_adapter=base_adapter)
+            transition_record(name=name, from_state="", to_state=AdapterStatus.WRITING,
+                              actor=actor or (job.submitted_by if job is not None else None), job=job,
+                              reason=f"reserved for training job {job.uuid}" if job is not None else "reserved")
+            return adapter
     except IntegrityError:
         raise KilnError("adapter_revision_conflict", f"adapter {name!r} was reserved concurrently", status=409,
                         hint="use a new versioned output name") from None
 
 
-def adapter_publish(*, name: str, path: Path, content_sha256: str, base_model_sha256: str, loaded: bool) -> Adapter:
-    updated = Adapter.objects.filter(name=name, state=AdapterState.WRITING).update(
-        state=AdapterState.PUBLISHED, path=str(path), content_sha256=content_sha256,
-        base_model_sha256=base_model_sha256, loaded=loaded, published_at=timezone.now())
-    if not updated:
-        raise KilnError("adapter_revision_conflict", f"adapter {name!r} is no longer reserved", status=409)
-    return Adapter.objects.get(name=name)
+def adapter_publish(*, name: str, path: Path, content_sha256: str, base_model_sha256: str, loaded: bool,
+                    actor=None, reason: str = "") -> Adapter:
+    with transaction.atomic():
+        updated = Adapter.objects.filter(name=name, state=AdapterState.WRITING).update(
+            state=AdapterState.PUBLISHED, path=str(path), content_sha256=content_sha256,
+            base_model_sha256=base_model_sha256, loaded=loaded, published_at=timezone.now())
+        if not updated:
+            raise KilnError("adapter_revision_conflict", f"adapter {name!r} is no longer reserved", status=409)
+        adapter = Adapter.objects.select_related("training_job").get(name=name)
+        job = adapter.training_job
+        transition_record(name=name, from_state=AdapterStatus.WRITING,
+                          to_state=AdapterStatus.ACTIVE if loaded else AdapterStatus.AVAILABLE,
+                          actor=actor or (job.submitted_by if job is not None else None), job=job,
+                          content_sha256=content_sha256,
+                          reason=reason or ("published and activated (auto_load)" if loaded else "published"))
+    return adapter
 
 
-def adapter_release(*, name: str) -> None:
+def adapter_release(*, name: str, reason: str = "") -> None:
     """Forget a reservation whose job failed or was cancelled, so the name can be used again.
 
     Publication is atomic (hidden sibling, then rename), so a failed job left no adapter files."""
-    Adapter.objects.filter(name=name, state=AdapterState.WRITING).delete()
+    with transaction.atomic():
+        adapter = Adapter.objects.select_related("training_job").filter(name=name, state=AdapterState.WRITING).first()
+        if adapter is None:
+            return
+        job = adapter.training_job
+        adapter.delete()
+        transition_record(name=name, from_state=AdapterStatus.WRITING, to_state=AdapterStatus.FAILED, job=job,
+                          actor=job.submitted_by if job is not None else None,
+                          reason=reason or (f"training job {job.uuid} ended {job.state} without publishing"
+                                            if job is not None else "released without publishing"))
 
 
-def adapter_activate(*, name: str) -> Adapter:
-    """Mark a published adapter active for serving (auto_load, or a passed post-eval gate)."""
-    updated = Adapter.objects.filter(name=name, state=AdapterState.PUBLISHED).update(loaded=True)
-    if not updated:
-        raise KilnError("adapter_not_found", f"no published adapter named {name!r}", status=404)
+def adapter_activate(*, name: str, actor=None, reason: str = "", job=None) -> Adapter:
+    """Mark a published adapter active for serving (auto_load, a passed post-eval gate, or by hand)."""
+    with transaction.atomic():
+        adapter = Adapter.objects.select_for_update().filter(name=name, state=AdapterState.PUBLISHED).first()
+        if adapter is None:
+            raise KilnError("adapter_not_found", f"no published adapter named {name!r}", status=404)
+        if not adapter.loaded:
+            Adapter.objects.filter(id=adapter.id).update(loaded=True)
+            transition_record(name=name, from_state=AdapterStatus.AVAILABLE, to_state=AdapterStatus.ACTIVE,
+                              actor=actor, job=job, content_sha256=adapter.content_sha256,
+                              reason=reason or "activated")
     return Adapter.objects.get(name=name)
 
 
-def adapter_demote(*, name: str) -> Path | None:
+def adapter_demote(*, name: str, actor=None, reason: str = "", job=None) -> Path | None:
     """A gate found the adapter below the floor with confidence: it leaves the registry and its folder
     is renamed `<name>.failed` (kept for audit, never served). Returns the new folder."""
     adapter = Adapter.objects.filter(name=name).first()
     if adapter is None:
         return None
+    from_state = status_of(adapter)
     moved = None
     if adapter.path and Path(adapter.path).is_dir():
         target = Path(adapter.path).with_name(f"{name}.failed")
@@ -84,5 +144,196 @@ def adapter_demote(*, name: str) -> Path | None:
             target = Path(adapter.path).with_name(f"{name}.failed.{suffix}")
         Path(adapter.path).rename(target)
         moved = target
-    adapter.delete()
+    with transaction.atomic():
+        adapter.delete()
+        transition_record(name=name, from_state=from_state, to_state=AdapterStatus.FAILED, actor=actor, job=job,
+                          content_sha256=adapter.content_sha256,
+                          reason=reason or f"demoted by a post-eval gate; its folder is now {moved or 'gone'}")
     return moved
+
+
+# -- changes asked for through /v1/adapters (a user is the actor) --------------------------------------
+
+def check_activation_right(user, *, field: str = "name") -> None:
+    """Activating or unloading changes what serves: in a team (more than one active user) that is the
+    approver's call (jobs.approve_promotion); alone on a machine, anyone who may submit work may."""
+    from django.contrib.auth import get_user_model
+
+    if user is None or user.has_perm("jobs.approve_promotion"):
+        return
+    if get_user_model().objects.filter(is_active=True).count() > 1:
+        raise KilnError("activation_needs_approval", "changing the active adapter needs the approve_promotion "
+                        "permission when more than one user exists", status=403, field=field,
+                        hint="ask a user with jobs.approve_promotion (an administrator grants it in /admin/)")
+
+
+def _locked(name: str) -> Adapter:
+    adapter = Adapter.objects.select_for_update().select_related("training_job").filter(name=name).first()
+    if adapter is None:
+        raise _not_found(name)
+    return adapter
+
+
+def _busy(adapter: Adapter, verb: str) -> KilnError:
+    job = adapter.training_job
+    return KilnError("adapter_busy", f"adapter {adapter.name!r} is being written"
+                     + (f" by training job {job.uuid} ({job.state})" if job is not None else "")
+                     + f"; it cannot be {verb} yet", status=409,
+                     hint="wait for the training job to finish, or cancel it (kiln jobs cancel ID)")
+
+
+def adapter_load(*, name: str, actor=None, allow_quarantined: bool = False, reason: str = "") -> Adapter:
+    """Activate a published adapter for serving, by hand (POST /v1/adapters/load).
+
+    `allow_quarantined` is accepted for the reference's contract; nothing is quarantined until the
+    serving canary exists, so it changes nothing yet."""
+    from core.models import ReceiptKind
+    from core.receipts import receipt_record
+
+    check_activation_right(actor)
+    with transaction.atomic():
+        adapter = _locked(name)
+        if adapter.state == AdapterState.WRITING:
+            raise _busy(adapter, "loaded")
+        if adapter.loaded:
+            return adapter
+        adapter = adapter_activate(name=name, actor=actor, reason=reason or "loaded by hand")
+        receipt_record(kind=ReceiptKind.ACTIVATION, subject=name, body={
+            "schema": ACTIVATION_SCHEMA, "adapter": name, "reason": reason or "loaded by hand",
+            "content_sha256": adapter.content_sha256, "actor": getattr(_actor(actor), "username", None),
+            "allow_quarantined": bool(allow_quarantined), "activated_at": timezone.now().isoformat()})
+    return adapter
+
+
+def adapter_unload(*, name: str, actor=None, reason: str = "") -> Adapter:
+    """Stop serving an adapter by default (it stays published and can be loaded again)."""
+    check_activation_right(actor)
+    with transaction.atomic():
+        adapter = _locked(name)
+        if adapter.state == AdapterState.WRITING:
+            raise _busy(adapter, "unloaded")
+        if adapter.loaded:
+            Adapter.objects.filter(id=adapter.id).update(loaded=False)
+            transition_record(name=name, from_state=AdapterStatus.ACTIVE, to_state=AdapterStatus.AVAILABLE,
+                              actor=actor, content_sha256=adapter.content_sha256,
+                              reason=reason or "unloaded by hand")
+    return Adapter.objects.get(name=name)
+
+
+CHECKPOINT_NAME = r"-checkpoint-step-\d{8}" + re.escape(CHECKPOINT_SUFFIX)
+
+
+def adapter_checkpoints(name: str) -> list[Path]:
+    """The `<name>-checkpoint-step-<8 digits>.kiln-checkpoint` folders of an adapter (spec §2.10)."""
+    root = settings.KILN.layout.adapters
+    if not root.is_dir():
+        return []
+    pattern = re.compile(re.escape(name) + CHECKPOINT_NAME + "$")
+    return sorted(p for p in root.iterdir() if pattern.match(p.name) and p.is_dir() and not p.is_symlink())
+
+
+def _inside_registry(path: Path) -> bool:
+    root = settings.KILN.layout.adapters.resolve()
+    try:
+        return Path(path).resolve().parent == root and not Path(path).is_symlink()
+    except OSError:
+        return False
+
+
+def adapter_delete(*, name: str, actor=None, reason: str = "") -> dict:
+    """Remove an adapter that is neither active nor being written: its row, its folder and its
+    checkpoints. Its receipts and transitions stay as rows. Folders leave by a rename to a hidden
+    sibling first, so no reader ever sees half an adapter."""
+    with transaction.atomic():
+        adapter = _locked(name)
+        status = status_of(adapter)
+        if status == AdapterStatus.WRITING:
+            raise _busy(adapter, "deleted")
+        if adapter.loaded:
+            raise KilnError("adapter_active", f"adapter {name!r} is active; unload it before deleting it",
+                            status=409, hint=f"kiln adapters unload {name} (POST /v1/adapters/unload)")
+        folders = [p for p in [Path(adapter.path)] if adapter.path and p.is_dir() and _inside_registry(p)]
+        folders += adapter_checkpoints(name)
+        adapter.delete()
+        transition_record(name=name, from_state=status, to_state=AdapterStatus.DELETED, actor=actor,
+                          content_sha256=adapter.content_sha256, reason=reason or "deleted by hand")
+        retired = []
+        try:
+            for folder in folders:
+                target = hidden_sibling(folder, "deleted")
+                folder.rename(target)
+                retired.append((folder, target))
+        except OSError as exc:
+            for folder, target in reversed(retired):
+                target.rename(folder)
+            raise KilnError("adapter_delete_failed", f"adapter {name!r} could not be removed: {exc}",
+                            status=500, hint="check the permissions of the adapter registry folder") from None
+    for _, target in retired:
+        shutil.rmtree(target, ignore_errors=True)
+    return {"name": name, "status": AdapterStatus.DELETED, "removed": [str(f) for f, _ in retired]}
+
+
+def _served_base_model_sha256() -> str:
+    from adapters.serving.selectors import served_model_identity
+
+    try:
+        identity = served_model_identity() or {}
+    except Exception:  # noqa: BLE001 - no Redis or no worker: the identity is simply unknown
+        return ""
+    return str(identity.get("base_model_sha256") or "")
+
+
+def adapter_upload(*, name: str, archive, size: int | None, actor=None, filename: str = "") -> tuple[Adapter, dict]:
+    """Publish an uploaded tar.gz as a new adapter, after checking every member and the PEFT layout
+    against the served base model. Anything refused leaves nothing in the registry.
+    Returns (adapter, {checked layout summary, ignored files})."""
+    from adapters.archive import too_large, unpack_upload
+    from adapters.content import content_digest
+    from adapters.peft_layout import CONFIG_FILE, WEIGHTS_FILE, LayoutError, check_peft_adapter
+
+    validate_adapter_name(name, field="name")
+    limit = settings.KILN.max_adapter_upload_bytes
+    if size is not None and size > limit:
+        raise too_large(limit, f"the archive ({size} bytes)")
+    exists = KilnError("adapter_exists", f"an adapter named {name!r} already exists", status=409, field="name",
+                       hint="upload under a new versioned name, or delete the old one first")
+    root = adapters_root()
+    if Adapter.objects.filter(name=name).exists() or (root / name).exists() or adapter_checkpoints(name):
+        raise exists
+    if settings.KILN.model_path is None:
+        raise KilnError("mock_mode", "no base model is configured, so an uploaded adapter cannot be checked",
+                        status=400, hint="set model.path in kiln.toml or KILN_MODEL_PATH and restart")
+    try:
+        staged = StagedDirectory(root / name)
+    except FileExistsError:
+        raise exists from None
+    with staged:
+        files = unpack_upload(archive, staged.staging, max_bytes=limit)
+        kept = (CONFIG_FILE, WEIGHTS_FILE)
+        for file_name, part in files.items():
+            if file_name in kept:
+                part.rename(staged.staging / file_name)
+            else:
+                part.unlink()
+        try:
+            summary = check_peft_adapter(staged.staging, settings.KILN.model_path)
+        except LayoutError as exc:
+            raise KilnError("adapter_upload_invalid", f"archive: {exc}", status=400, field="archive",
+                            hint="upload a LoRA adapter trained for the served base model "
+                                 "(GET /v1/models names it)") from None
+        digest = content_digest(staged.staging)
+        ignored = sorted(set(files) - set(kept))
+        try:
+            with transaction.atomic():
+                adapter = Adapter.objects.create(
+                    name=name, state=AdapterState.PUBLISHED, path=str(root / name), content_sha256=digest,
+                    base_model_sha256=_served_base_model_sha256(), published_at=timezone.now())
+                transition_record(name=name, from_state="", to_state=AdapterStatus.AVAILABLE, actor=actor,
+                                  content_sha256=digest,
+                                  reason=f"uploaded ({filename})" if filename else "uploaded")
+                staged.publish()  # the folder appears with the row, or neither does
+        except IntegrityError:
+            raise exists from None
+        except FileExistsError:
+            raise exists from None
+    return adapter, {**summary, "ignored_files": ignored}

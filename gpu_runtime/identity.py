@@ -3,42 +3,30 @@
 All digests are `sha256:<hex>`. File manifests are RFC 8785 canonical JSON of
 `[{file, size, sha256}]` sorted by relative path; the chat template is hashed as its raw UTF-8
 bytes so `sha256sum chat_template.jinja` reproduces it.
+
+The file and adapter digests live in `core.content_identity` (re-exported here) so the web side
+can recompute an adapter's content digest without importing gpu_runtime.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from core.canonical import json_digest, sha256_digest
+from core.content_identity import (  # noqa: F401 (re-exported)
+    ADAPTER_FILES,
+    adapter_content_sha256,
+    adapter_files,
+    file_manifest,
+    file_sha256,
+    manifest_digest,
+)
 
 WEIGHT_SUFFIXES = (".safetensors",)
 LEGACY_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth")
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
-
-
-def file_manifest(root: Path, files: Iterable[str]) -> list[dict]:
-    """[{file, size, sha256}] for the named files under `root`, sorted by name."""
-    entries = []
-    for name in sorted(set(files)):
-        path = Path(root) / name
-        entries.append({"file": name, "size": path.stat().st_size, "sha256": file_sha256(path)})
-    return entries
-
-
-def manifest_digest(manifest: list[dict]) -> str:
-    return json_digest(manifest)
 
 
 def weight_shards(model_dir: Path) -> list[str]:
@@ -50,15 +38,6 @@ def weight_shards(model_dir: Path) -> list[str]:
             p.name for p in model_dir.iterdir() if p.is_file() and p.name.endswith(LEGACY_WEIGHT_SUFFIXES)
         )
     return names
-
-
-def adapter_files(adapter_dir: Path) -> list[str]:
-    """The files that define an adapter's behaviour: its config and weights, nothing else.
-
-    Receipts and manifests that registries keep next to the weights are left out on purpose:
-    rewriting a receipt does not change what the adapter samples.
-    """
-    return [name for name in ADAPTER_FILES if (Path(adapter_dir) / name).is_file()]
 
 
 def stat_signature(root: Path, files: Iterable[str]) -> tuple:

@@ -34,6 +34,8 @@ class KilnConfig:
     allow_anonymous_api: bool = False
     max_queued_jobs: int = 32
     max_request_bytes: int = 8 * 1024 * 1024
+    # The largest adapter archive POST /v1/adapters/upload accepts (compressed, and unpacked in total).
+    max_adapter_upload_bytes: int = 512 * 1024 * 1024
     secret_key: str | None = None
     config_file: Path | None = None
     extra_job_modules: tuple[str, ...] = field(default_factory=tuple)
@@ -172,6 +174,12 @@ def load_config(env: dict | None = None) -> KilnConfig:
         max_request_bytes=_parse_int(
             "max_request_bytes",
             env.get("KILN_MAX_REQUEST_BYTES") or server_toml.get("max_request_bytes") or 8 * 1024 * 1024,
+            1024,
+        ),
+        max_adapter_upload_bytes=_parse_int(
+            "max_adapter_upload_bytes",
+            env.get("KILN_MAX_ADAPTER_UPLOAD_BYTES") or server_toml.get("max_adapter_upload_bytes")
+            or 512 * 1024 * 1024,
             1024,
         ),
         secret_key=env.get("KILN_SECRET_KEY") or None,

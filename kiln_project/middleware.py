@@ -12,6 +12,11 @@ _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_f
           405: "method_not_allowed", 413: "request_too_large", 500: "internal_error"}
 
 
+# Routes whose bodies are file uploads bounded by their own setting, not the request limit.
+LARGE_UPLOAD_ROUTES = frozenset({"/v1/adapters/upload"})
+MULTIPART_OVERHEAD = 1024 * 1024
+
+
 def _is_envelope(response) -> bool:
     if not response.get("Content-Type", "").startswith("application/json"):
         return False
@@ -32,10 +37,12 @@ class ApiErrorEnvelopeMiddleware:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             length = 0
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        limit, setting = settings.DATA_UPLOAD_MAX_MEMORY_SIZE, "KILN_MAX_REQUEST_BYTES"
+        if request.path in LARGE_UPLOAD_ROUTES:  # an adapter archive: its own quota, checked again while unpacking
+            limit, setting = settings.KILN.max_adapter_upload_bytes + MULTIPART_OVERHEAD, "KILN_MAX_ADAPTER_UPLOAD_BYTES"
         if limit is not None and length > limit:
             return JsonResponse(error_envelope("request_too_large", f"the request body has {length} bytes",
-                                               f"the limit is {limit} bytes (KILN_MAX_REQUEST_BYTES)"), status=413)
+                                               f"the limit is {limit} bytes ({setting})"), status=413)
         return None
 
     def __init__(self, get_response):

@@ -145,14 +145,15 @@ def _apply(ctx, payload: PostEvalJobPayload, outcome: str, evidence: dict | None
     activated_at = demoted_to = None
     with transaction.atomic():
         if outcome == "promoted":
-            adapter_activate(name=payload.adapter_name)
+            adapter_activate(name=payload.adapter_name, reason="post_eval gate passed", job=ctx.job)
             activated_at = timezone.now().isoformat()
             receipt_record(kind=ReceiptKind.ACTIVATION, subject=payload.adapter_name, job=ctx.job, body={
                 "schema": ACTIVATION_SCHEMA, "adapter": payload.adapter_name, "reason": "post_eval gate passed",
                 "gate_outcome": outcome, "training_job_id": payload.training_job_id,
                 "eval_job_id": eval_job_id, "activated_at": activated_at})
         elif outcome == "demoted":
-            moved = adapter_demote(name=payload.adapter_name)
+            moved = adapter_demote(name=payload.adapter_name, reason="post_eval gate: demoted below the floor",
+                                   job=ctx.job)
             demoted_to = str(moved) if moved else None
         if evidence is not None:
             receipt_record(kind=ReceiptKind.POST_EVAL_GATE, subject=payload.adapter_name, job=ctx.job, body={

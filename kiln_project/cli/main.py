@@ -8,6 +8,7 @@ import sys
 
 from kiln_project.cli import (
     accounts_cmd,
+    adapters_cmd,
     eval_cmd,
     jobs_cmd,
     model_cmd,
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_cmd.add_parser(sub, common)
     openenv_cmd.add_parser(sub, common)
     eval_cmd.add_parser(sub, common)
+    adapters_cmd.add_parser(sub, common)
     return parser
 
 

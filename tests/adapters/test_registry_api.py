@@ -1,0 +1,187 @@
+"""/v1/adapters: list, one, detail (files, history, training job, evaluations, lineage), load, unload
+and delete, with the transitions each change records (who, why, which job) and the 409s."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.models import Adapter, AdapterTransition, AdapterTransitionError
+from adapters.services import adapter_activate, adapter_demote, adapter_release, adapter_reserve
+from core.jobs.models import Job
+from core.jobs.services import job_submit
+from core.models import Receipt, ReceiptKind
+from core.receipts import receipt_record
+from tests.adapters.support import error, ok, publish, registry_entries, send
+
+pytestmark = pytest.mark.django_db
+
+
+def _job(kind: str = "training.grpo", *, state: str = "completed", user=None, payload=None, result=None) -> Job:
+    job = job_submit(kind="test.steps", payload={"steps": 1}, title=f"{kind} job", user=user)
+    Job.objects.filter(id=job.id).update(kind=kind, state=state, payload=payload or job.payload, result=result or {})
+    return Job.objects.get(id=job.id)
+
+
+def _history(name: str) -> list[tuple]:
+    return [(t.from_state, t.to_state, t.actor.username if t.actor else None, t.reason)
+            for t in AdapterTransition.objects.filter(adapter=name).order_by("at", "id")]
+
+
+def test_list_shows_status_active_parent_job_and_receipt_digest(api, home, peft_adapter):
+    from django.contrib.auth import get_user_model
+
+    trainer = get_user_model().objects.get(username="trainer")
+    job = _job(user=trainer)
+    publish(home, peft_adapter, "r1", loaded=True, job=job)
+    receipt = receipt_record(kind=ReceiptKind.TRAIN, subject="r1", body={"adapter_name": "r1"}, job=job)
+    publish(home, peft_adapter, "r2", base_adapter="r1")
+    adapter_reserve(name="r3")
+    rows = {a["name"]: a for a in ok(api.get("/v1/adapters"))}
+    assert [a["name"] for a in ok(api.get("/v1/adapters"))] == ["r3", "r2", "r1"]  # newest first
+    assert rows["r1"]["status"] == "active" and rows["r1"]["active"] is True and rows["r1"]["loaded"] is True
+    assert rows["r1"]["training_job_id"] == str(job.uuid) and rows["r1"]["training_job_state"] == "completed"
+    assert rows["r1"]["receipt_sha256"] == receipt.sha256
+    assert rows["r2"]["status"] == "available" and rows["r2"]["active"] is False and rows["r2"]["base_adapter"] == "r1"
+    assert rows["r3"]["status"] == "writing" and rows["r3"]["content_sha256"] is None
+    assert ok(api.get("/v1/adapters/r2")) == rows["r2"]
+    error(api.get("/v1/adapters/nope"), 404, "adapter_not_found")
+    failed = _job(state="failed")
+    adapter_reserve(name="r4", job=failed)  # the release hook has not run yet
+    assert ok(api.get("/v1/adapters/r4"))["status"] == "failed"
+
+
+def test_detail_has_files_history_training_job_evaluations_and_lineage(api, home, peft_adapter):
+    from adapters.content import file_sha256
+
+    publish(home, peft_adapter, "root")
+    publish(home, peft_adapter, "mid", base_adapter="root")
+    gate = {"outcome": "promoted", "minimum_accuracy": 0.5}
+    post_eval = _job("training.post_eval", result={"gate_outcome": "promoted", "post_eval_verdict": "held: 3/4 pass",
+                                                  "post_eval_gate_evidence": [gate], "linked_eval_job_ids": ["e1"]})
+    training = _job(result={"post_eval_job_id": str(post_eval.uuid), "final_step": 4, "total_steps": 4})
+    publish(home, peft_adapter, "leaf", job=training, base_adapter="mid")
+    receipt_record(kind=ReceiptKind.POST_EVAL_GATE, subject="leaf", body={"evidence": gate}, job=post_eval)
+    _job("eval.run", payload={"mode": "compare", "suite": {"name": "held"},
+                              "targets": [{"adapter": "mid"}, {"adapter": "leaf"}]},
+         result={"targets": [{"index": 0, "accuracy": 0.25, "total": 4}, {"index": 1, "accuracy": 0.75, "total": 4}]})
+    adapter_activate(name="leaf", reason="post_eval gate passed", job=post_eval)
+    detail = ok(api.get("/v1/adapters/leaf/detail"))
+    assert detail["status"] == "active" and detail["active"] is True
+    folder = home / "adapters" / "leaf"
+    assert detail["files"] == [{"file": n, "size": (folder / n).stat().st_size, "sha256": file_sha256(folder / n),
+                                "defines_adapter": True} for n in ("adapter_config.json", "adapter_model.safetensors")]
+    assert [(t["from_state"], t["to_state"], t["reason"]) for t in detail["transitions"]] == [
+        (None, "writing", f"reserved for training job {training.uuid}"), ("writing", "available", "published"),
+        ("available", "active", "post_eval gate passed")]
+    assert detail["transitions"][2]["job_id"] == str(post_eval.uuid)
+    assert detail["training_job"]["job_id"] == str(training.uuid) and detail["training_job"]["final_step"] == 4
+    assert detail["evaluations"]["post_eval"]["gate_outcome"] == "promoted"
+    assert detail["evaluations"]["post_eval"]["evidence"] == [gate]
+    assert [r["outcome"] for r in detail["evaluations"]["gate_receipts"]] == ["promoted"]
+    [eval_job] = detail["evaluations"]["eval_jobs"]
+    assert eval_job["accuracy"] == 0.75 and eval_job["suite"] == "held" and eval_job["targets"] == ["mid", "leaf"]
+    assert [(p["name"], p["status"]) for p in detail["lineage"]] == [("mid", "available"), ("root", "available")]
+    assert [r["kind"] for r in detail["receipts"]] == ["post_eval_gate"]
+    publish(home, peft_adapter, "orphan", base_adapter="gone")
+    assert ok(api.get("/v1/adapters/orphan/detail"))["lineage"] == [{"name": "gone", "missing": True}]
+    error(api.get("/v1/adapters/nope/detail"), 404, "adapter_not_found")
+
+
+def test_load_and_unload_record_who_and_why(api, home, peft_adapter):
+    publish(home, peft_adapter, "a1")
+    body = ok(send(api, "post", "/v1/adapters/load", {"name": "a1", "reason": "try it"}))
+    assert body["status"] == "active" and body["active"] is True
+    ok(send(api, "post", "/v1/adapters/load", {"name": "a1"}))  # already active: no second transition
+    receipt = Receipt.objects.get(kind=ReceiptKind.ACTIVATION, subject="a1")
+    assert receipt.body["actor"] == "trainer" and receipt.body["content_sha256"] == body["content_sha256"]
+    body = ok(send(api, "post", "/v1/adapters/unload", {"name": "a1", "reason": "done"}))
+    assert body["status"] == "available" and body["active"] is False
+    assert _history("a1") == [("", "writing", None, "reserved"), ("writing", "available", None, "published"),
+                              ("available", "active", "trainer", "try it"), ("active", "available", "trainer", "done")]
+    error(send(api, "post", "/v1/adapters/load", {"name": "nope"}), 404, "adapter_not_found")
+    adapter_reserve(name="busy")
+    error(send(api, "post", "/v1/adapters/load", {"name": "busy"}), 409, "adapter_busy")
+    error(send(api, "post", "/v1/adapters/unload", {"name": "busy"}), 409, "adapter_busy")
+    error(send(api, "post", "/v1/adapters/load", {}), 422, "validation_error")
+
+
+def test_in_a_team_activation_needs_the_approve_permission(api, home, peft_adapter, make_client):
+    publish(home, peft_adapter, "a1")
+    viewer = make_client("viewer", can_submit=False)
+    error(send(viewer, "post", "/v1/adapters/load", {"name": "a1"}), 403, "permission_denied")
+    # two users now: the submitter without approve_promotion may not change what serves
+    error(send(api, "post", "/v1/adapters/load", {"name": "a1"}), 403, "activation_needs_approval")
+    approver = make_client("approver", can_approve=True)
+    assert ok(send(approver, "post", "/v1/adapters/load", {"name": "a1"}))["status"] == "active"
+    error(send(api, "post", "/v1/adapters/unload", {"name": "a1"}), 403, "activation_needs_approval")
+    assert ok(send(approver, "post", "/v1/adapters/unload", {"name": "a1"}))["status"] == "available"
+    assert [h[2] for h in _history("a1")[2:]] == ["approver", "approver"]
+
+
+def _checkpoint(home, name: str, step: int):
+    folder = home / "adapters" / f"{name}-checkpoint-step-{step:08d}.kiln-checkpoint"
+    folder.mkdir()
+    (folder / "checkpoint_manifest.json").write_text("{}")
+    return folder
+
+
+def test_delete_removes_the_folder_and_its_checkpoints_and_keeps_receipts(api, home, peft_adapter):
+    publish(home, peft_adapter, "math")
+    publish(home, peft_adapter, "math-b")
+    receipt_record(kind=ReceiptKind.TRAIN, subject="math", body={"adapter_name": "math"})
+    _checkpoint(home, "math", 2)
+    _checkpoint(home, "math", 4)
+    kept = _checkpoint(home, "math-b", 2)  # another adapter's checkpoint, though its name starts alike
+    body = ok(api.delete("/v1/adapters/math?reason=superseded"))
+    assert body["name"] == "math" and body["status"] == "deleted" and len(body["removed"]) == 3
+    assert registry_entries(home) == ["math-b", kept.name]
+    assert not Adapter.objects.filter(name="math").exists()
+    assert Receipt.objects.filter(subject="math").count() == 1  # receipts stay as rows
+    assert _history("math")[-1] == ("available", "deleted", "trainer", "superseded")
+    error(api.delete("/v1/adapters/math"), 404, "adapter_not_found")
+    assert ok(api.get("/v1/adapters/math-b"))["status"] == "available"
+
+
+def test_delete_refuses_an_active_or_writing_adapter(api, home, peft_adapter, make_client):
+    publish(home, peft_adapter, "live", loaded=True)
+    error(api.delete("/v1/adapters/live"), 409, "adapter_active")
+    running = _job(state="running")
+    adapter_reserve(name="writing", job=running)
+    error(api.delete("/v1/adapters/writing"), 409, "adapter_busy")
+    assert sorted(Adapter.objects.values_list("name", flat=True)) == ["live", "writing"]
+    assert (home / "adapters" / "live").is_dir()
+    failed = _job(state="failed")
+    adapter_reserve(name="stale", job=failed)  # its job ended: the reservation may go
+    assert ok(api.delete("/v1/adapters/stale"))["removed"] == []
+    viewer = make_client("viewer", can_submit=False)
+    error(viewer.delete("/v1/adapters/live"), 403, "permission_denied")
+
+
+def test_the_training_services_record_their_transitions(home, peft_adapter, django_user_model):
+    user = django_user_model.objects.create_user(username="sub", password="long-enough-pw")
+    job = _job(user=user)
+    publish(home, peft_adapter, "t1", job=job, loaded=True)
+    assert _history("t1") == [("", "writing", "sub", f"reserved for training job {job.uuid}"),
+                              ("writing", "active", "sub", "published and activated (auto_load)")]
+    failed = _job(state="failed")
+    adapter_reserve(name="t2", job=failed)
+    adapter_release(name="t2")
+    assert _history("t2")[-1] == ("writing", "failed", None, f"training job {failed.uuid} ended failed without publishing")
+    adapter_release(name="t2")  # nothing reserved: nothing recorded
+    assert len(_history("t2")) == 2
+    publish(home, peft_adapter, "t3")
+    moved = adapter_demote(name="t3")
+    last = AdapterTransition.objects.filter(adapter="t3").last()
+    assert (last.from_state, last.to_state) == ("available", "failed") and str(moved) in last.reason
+    assert last.content_sha256.startswith("sha256:")
+
+
+def test_transitions_are_append_only(home, peft_adapter):
+    publish(home, peft_adapter, "a1")
+    transition = AdapterTransition.objects.first()
+    transition.reason = "rewritten"
+    with pytest.raises(AdapterTransitionError):
+        transition.save()
+    with pytest.raises(AdapterTransitionError):
+        transition.delete()
+    assert AdapterTransition.objects.get(id=transition.id).reason == "reserved"

@@ -1,0 +1,1 @@
+"""The chain verifier (`adapters.verify`, issue 13): GET /v1/adapters/{name}/verify, `kiln adapters verify`."""
