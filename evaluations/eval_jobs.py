@@ -21,10 +21,10 @@ with the original's (`eval_payloads.replay_verdict`) before publishing. Imports 
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from adapters.serving.selectors import wait_for_inference_ready
 from core.artifacts import ensure_dir, json_bytes, write_file
 from core.canonical import sha256_digest
 from core.errors import KilnError
@@ -50,7 +50,6 @@ from evaluations.example_scorers import (
 )
 
 REQUEST_TIMEOUT_S = 900.0
-MODEL_WAIT_S = 300.0
 
 
 def request_body(example: dict, *, adapter: str | None, generation: dict, seed: int) -> dict:
@@ -109,25 +108,6 @@ def _scorers(payload: EvalJobPayload) -> dict[str, Path]:
             raise KilnError("scorer_changed", f"scorer {name!r} is not the file pinned at submission ({pinned})")
         paths[name] = path
     return paths
-
-
-def _wait_for_model(ctx) -> None:
-    from adapters.serving.selectors import require_inference_ready
-
-    deadline = time.monotonic() + MODEL_WAIT_S
-    reported = False
-    while True:
-        try:
-            require_inference_ready()
-            return
-        except KilnError as exc:
-            if exc.code != "model_loading" or time.monotonic() > deadline:
-                raise
-        ctx.raise_if_stopped()
-        if not reported:
-            ctx.report_progress(0.0, "waiting for the GPU worker to load the model")
-            reported = True
-        time.sleep(2.0)
 
 
 def score(spec, completion: str, example: dict, scorers: dict[str, Path]):
@@ -236,7 +216,7 @@ def run_eval_job(ctx) -> dict:
     output = eval_results_path(job_id=ctx.job_id)
     if output.exists():
         raise KilnError("eval_results_exist", f"{output} already exists")
-    _wait_for_model(ctx)
+    wait_for_inference_ready(ctx)
     total = len(examples) * len(payload.targets)
     records: list[dict] = []
     _progress(ctx, 0, total, records, "sending requests")

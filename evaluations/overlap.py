@@ -40,9 +40,15 @@ import re
 from dataclasses import dataclass
 
 from core.canonical import json_digest
+from evaluations.datasets.split import (
+    declared_ids,
+    exact_identity,
+    id_value,
+    normalize_value,
+    normalized_identity,
+)
 
 PROVENANCE_KEY = "kiln_dataset_provenance"
-ID_CONTAINERS = ("metadata", "provenance", "extra")
 TARGET_KEYS = ("target", "reference")
 TARGET_CONTAINERS = ("metadata", "extra")
 MIN_TARGET_CHARS = 16
@@ -74,42 +80,9 @@ def normalize_text(text: str) -> str:
     return _WHITESPACE.sub(" ", text.lower()).strip()
 
 
-def normalize_value(value):
-    """Lower-case every string value and collapse its whitespace, recursively (keys unchanged)."""
-    if isinstance(value, str):
-        return normalize_text(value)
-    if isinstance(value, list):
-        return [normalize_value(item) for item in value]
-    if isinstance(value, dict):
-        return {key: normalize_value(item) for key, item in value.items()}
-    return value
-
-
 def row_identities(row) -> tuple[str, str]:
-    """(exact, normalized) identity of one stored row."""
-    return json_digest(row), json_digest(normalize_value(row))
-
-
-def _id_value(value) -> str | None:
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return None
-
-
-def declared_ids(row, key: str) -> list[str]:
-    """The distinct non-empty values of `key` (group_id, session_id) at the row's root and in its
-    metadata/provenance/extra objects, in that order."""
-    found: list[str] = []
-    if not isinstance(row, dict):
-        return found
-    for holder in (row, *(row.get(c) for c in ID_CONTAINERS)):
-        if isinstance(holder, dict):
-            value = _id_value(holder.get(key))
-            if value is not None and value not in found:
-                found.append(value)
-    return found
+    """(exact, normalized) identity of one stored row: the dataset split's definition."""
+    return exact_identity(row), normalized_identity(row)
 
 
 # -- prompts and targets ------------------------------------------------------------------------
@@ -198,7 +171,7 @@ def _provenance_values(provenance: dict, keys: tuple[str, ...]) -> list[str]:
         for key in keys:
             value = holder.get(key)
             for item in value if isinstance(value, list) else [value]:
-                item = _id_value(item)
+                item = id_value(item)
                 if item is not None and item not in found:
                     found.append(item)
     return found

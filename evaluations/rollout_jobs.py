@@ -23,6 +23,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from adapters.serving.selectors import wait_for_inference_ready
 from core.canonical import sha256_digest
 from core.errors import KilnError
 from evaluations.generation.corpus import build_groups, build_summary, corpus_bytes
@@ -35,7 +36,6 @@ from evaluations.payloads import RolloutsJobPayload
 from evaluations.rollout_selectors import ROLLOUTS_FILE, SUMMARY_FILE, rollouts_job_dir
 
 REQUEST_TIMEOUT_S = 900.0  # as the CLI: up to 300 s for a busy GPU worker, then decoding
-MODEL_WAIT_S = 300.0  # a freshly started GPU worker may still be loading the model
 PROGRESS_EVERY_REQUEST_UP_TO = 200  # larger runs report at most every PROGRESS_INTERVAL_S
 PROGRESS_INTERVAL_S = 0.5
 NO_CONTRAST_IDS_IN_RESULT = 100
@@ -72,25 +72,6 @@ def _registered_scorer(entry: dict) -> Path:
         raise KilnError("scorer_changed", f"scorer {scorer.name!r} is not the file registered ({scorer.sha256}); "
                         f"its file now hashes to {digest}")
     return path
-
-
-def _wait_for_model(ctx) -> None:
-    from adapters.serving.selectors import require_inference_ready
-
-    deadline = time.monotonic() + MODEL_WAIT_S
-    reported = False
-    while True:
-        try:
-            require_inference_ready()
-            return
-        except KilnError as exc:
-            if exc.code != "model_loading" or time.monotonic() > deadline:
-                raise
-        ctx.raise_if_stopped()
-        if not reported:
-            ctx.report_progress(0.0, "waiting for the GPU worker to load the model")
-            reported = True
-        time.sleep(2.0)
 
 
 class _Wiring:
@@ -206,7 +187,7 @@ def run_rollouts_job(ctx) -> dict:
         tasks = load_tasks(_checked_input(payload.inputs["tasks"], "tasks file"))
         template = load_template(_checked_input(payload.inputs["request_template"], "request template"))
         planned = plan_requests(template, tasks, seeds, options)
-        _wait_for_model(ctx)
+        wait_for_inference_ready(ctx)
         ctx.report_progress(0.02, f"0/{len(planned)} scored · sending requests",
                             metrics={"requests_done": 0, "requests_total": len(planned)})
         wiring = _Wiring(ctx, scorer, len(planned))

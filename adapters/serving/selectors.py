@@ -47,3 +47,28 @@ def served_model_identity() -> dict | None:
         if model.get("loaded") and model.get("identity"):
             return model["identity"]
     return None
+
+
+MODEL_WAIT_SECONDS = 300.0  # a freshly started GPU worker may still be loading the model
+
+
+def wait_for_inference_ready(ctx, *, timeout: float = MODEL_WAIT_SECONDS, poll: float = 2.0) -> None:
+    """For a job that samples: wait (bounded, cancellable, one progress line) while the model loads;
+    any other unavailability raises at once."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    reported = False
+    while True:
+        try:
+            require_inference_ready()
+            return
+        except KilnError as exc:
+            if exc.code != "model_loading" or time.monotonic() > deadline:
+                raise
+        ctx.raise_if_stopped()
+        if not reported:
+            ctx.report_progress(0.0, "waiting for the GPU worker to load the model")
+            reported = True
+        time.sleep(poll)
+

@@ -108,7 +108,8 @@ def normalized_identity(row) -> str:
     return json_digest(normalize_value(row))
 
 
-def _id_value(value) -> str | None:
+def id_value(value) -> str | None:
+    """A declared group/session id as text (non-empty strings, integers; 7 equals \"7\"), else None."""
     if isinstance(value, str) and value.strip():
         return value.strip()
     if isinstance(value, int) and not isinstance(value, bool):
@@ -119,9 +120,11 @@ def _id_value(value) -> str | None:
 def declared_ids(row: dict, key: str) -> list[str]:
     """The distinct non-empty values of `key` at the row's root and in metadata/provenance/extra."""
     found: list[str] = []
+    if not isinstance(row, dict):
+        return found
     for holder in (row, *(row.get(c) for c in ID_CONTAINERS)):
         if isinstance(holder, dict):
-            value = _id_value(holder.get(key))
+            value = id_value(holder.get(key))
             if value is not None and value not in found:
                 found.append(value)
     return found
