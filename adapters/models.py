@@ -74,3 +74,42 @@ class AdapterTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.adapter}: {self.from_state or '-'} → {self.to_state}"
+
+
+class PromotionState(models.TextChoices):
+    PENDING = "pending"  # waits for a person holding jobs.approve_promotion
+    APPROVED = "approved"  # decided, not applied yet (a transient state inside the approving transaction)
+    REJECTED = "rejected"
+    APPLIED = "applied"  # the candidate became the active adapter
+    SUPERSEDED = "superseded"  # another promotion for the same incumbent was applied first
+    FAILED = "failed"  # approved, but activating the candidate failed (the reason says why)
+
+
+class Promotion(models.Model):
+    """A request to make `candidate` the active adapter in place of `incumbent` (None: the base model),
+    with the evidence a reviewer decides on and its canonical digest (adapters.promotions)."""
+
+    candidate = models.CharField(max_length=64, db_index=True)
+    content_sha256 = models.CharField(max_length=80)  # the candidate's bytes when requested
+    incumbent = models.CharField(max_length=64, null=True, blank=True)  # active when requested
+    incumbent_sha256 = models.CharField(max_length=80, blank=True)
+    evidence = models.JSONField(default=dict)
+    evidence_sha256 = models.CharField(max_length=80)
+    alarms = models.JSONField(default=list)  # reward-hacking reasons; non-empty: never applied automatically
+    state = models.CharField(max_length=16, choices=PromotionState.choices, default=PromotionState.PENDING,
+                             db_index=True)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="promotions_requested")
+    requested_at = models.DateTimeField(default=timezone.now)
+    request_reason = models.TextField(blank=True)
+    job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="promotions")
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="promotions_decided")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)  # the decision's reason (or why it was superseded or failed)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"promotion {self.id}: {self.incumbent or 'base'} → {self.candidate} ({self.state})"

@@ -36,7 +36,7 @@ It walks, in order, and recomputes every digest it meets (links are named `area.
 Each link is one function registered with `register_link`; an app above this one adds links
 that need its code (a module `<app>/verify_links.py`, discovered at the first verification) so
 this module never imports an app above it. A promotion or approval link is one more function
-registered `after="activation"`. A link that does not apply is ok with a detail saying why; every
+registered `after="activation"` (`promotion`: the approval rows of the promotion that activated it). A link that does not apply is ok with a detail saying why; every
 link runs even after one broke (the report names them all), and `first_broken` is the first in
 walking order. Imports no torch and no gpu_runtime: the web process runs it.
 """
@@ -583,6 +583,52 @@ def _activation(chain: Chain):
         return ok("activation", "active: auto_load in the train receipt's config, no gate requested")
     return broken("activation", "active, but neither an activation receipt nor auto_load in the train receipt",
                   True, config.get("auto_load"))
+
+
+@register_link("promotion", after="activation")
+def _promotion(chain: Chain):
+    """An adapter a promotion activated: the promotion's evidence still hashes to its digest, and its
+    request row and every approval row are intact and bind the candidate's digest and that evidence
+    digest; the deciding row says approved (an override of an alarm is named)."""
+    from adapters.models import Promotion, PromotionState
+
+    if not chain.adapter.loaded:
+        return ok("promotion", "not active: nothing to justify")
+    promotion = (Promotion.objects.filter(candidate=chain.name, state=PromotionState.APPLIED)
+                 .order_by("-decided_at", "-id").first())
+    if promotion is None:
+        return ok("promotion", "not activated through a promotion")
+    content = chain.adapter.content_sha256
+    if promotion.content_sha256 != content:
+        return broken("promotion", f"promotion {promotion.id} was for other bytes", content, promotion.content_sha256)
+    evidence = _safe_digest(promotion.evidence)
+    if evidence != promotion.evidence_sha256:
+        return broken("promotion", f"promotion {promotion.id}'s evidence hashes to {evidence}, it records "
+                      f"{promotion.evidence_sha256}", promotion.evidence_sha256, evidence)
+    rows = list(Receipt.objects.filter(subject=chain.name, kind__in=(ReceiptKind.PROMOTION, ReceiptKind.APPROVAL))
+                .order_by("created_at", "id"))
+    for row in rows:
+        if not row_intact(row):
+            return broken("promotion", f"{row.kind} receipt row {row.id} was altered: its body hashes to "
+                          f"{_safe_digest(row.body)}, the row records {row.sha256}", row.sha256, _safe_digest(row.body))
+    mine = [r for r in rows if isinstance(r.body, dict) and r.body.get("promotion_id") == promotion.id]
+    requests = [r for r in mine if r.kind == ReceiptKind.PROMOTION]
+    approvals = [r for r in mine if r.kind == ReceiptKind.APPROVAL]
+    if not requests:
+        return broken("promotion", f"no promotion receipt row for promotion {promotion.id}")
+    if not approvals or approvals[-1].body.get("decision") != "approved":
+        return broken("promotion", f"no approval receipt row approves promotion {promotion.id}", "approved",
+                      approvals[-1].body.get("decision") if approvals else None)
+    for row in requests + approvals:
+        bound = (row.body.get("candidate_content_sha256"), row.body.get("evidence_sha256"))
+        if bound != (content, promotion.evidence_sha256):
+            return broken("promotion", f"{row.kind} receipt row {row.id} binds other content or evidence",
+                          [content, promotion.evidence_sha256], list(bound))
+    decision = approvals[-1].body
+    override = " (an override of its alarms)" if decision.get("override") else ""
+    return ok("promotion", f"promotion {promotion.id} approved by {decision.get('actor') or 'someone'}{override}: "
+              f"{decision.get('reason')} (approval row {approvals[-1].id})", promotion.evidence_sha256,
+              promotion.evidence_sha256)
 
 
 @register_link("receipts.rows")

@@ -15,6 +15,8 @@ class ReceiptKind(models.TextChoices):
     TRAIN_FAILURE = "train_failure", "failed training"
     POST_EVAL_GATE = "post_eval_gate", "post-eval gate decision"
     ACTIVATION = "activation", "adapter activation"
+    PROMOTION = "promotion", "promotion request"
+    APPROVAL = "approval", "promotion decision"
 
 
 class AppendOnlyError(Exception):

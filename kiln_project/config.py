@@ -45,6 +45,14 @@ class KilnConfig:
     # Host names a browser page may open the live sockets from, besides loopback and the bind address.
     allowed_hosts: tuple[str, ...] = field(default_factory=tuple)
     production: bool = False  # HTTPS behind a proxy: secure cookies, HSTS, the hosts above only
+    # [openenv] allow_remote_environments: server-side OpenEnv routes may reach non-loopback URLs
+    # (off by default, as SSRF protection; the CLI is unrestricted).
+    openenv_allow_remote_environments: bool = False
+    # [promotion] require_approval: activation waits for a person holding jobs.approve_promotion.
+    # None (the default): on whenever more than one active user exists (adapters.promotions decides).
+    promotion_require_approval: bool | None = None
+    # [promotion] allow_self_approval: the requester of a promotion may approve it too.
+    promotion_allow_self_approval: bool = False
 
     @property
     def dataset_roots(self) -> tuple[Path, ...]:
@@ -135,6 +143,8 @@ def load_config(env: dict | None = None) -> KilnConfig:
     server_toml = toml.get("server", {})
     jobs_toml = toml.get("jobs", {})
     training_toml = toml.get("training", {})
+    openenv_toml = toml.get("openenv", {})
+    promotion_toml = toml.get("promotion", {})
 
     home = env.get("KILN_HOME") or toml.get("home") or server_toml.get("home") or "~/.kiln"
     home_path = Path(home).expanduser().resolve()
@@ -189,7 +199,27 @@ def load_config(env: dict | None = None) -> KilnConfig:
         allowed_hosts=_allowed_hosts(env, server_toml),
         production=(_parse_bool("KILN_PRODUCTION", env["KILN_PRODUCTION"]) if "KILN_PRODUCTION" in env
                     else bool(server_toml.get("production", False))),
+        openenv_allow_remote_environments=(
+            _parse_bool("KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS", env["KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS"])
+            if "KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS" in env
+            else bool(openenv_toml.get("allow_remote_environments", False))),
+        promotion_require_approval=_optional_bool(env, "KILN_PROMOTION_REQUIRE_APPROVAL", promotion_toml,
+                                                  "require_approval", None),
+        promotion_allow_self_approval=bool(_optional_bool(env, "KILN_PROMOTION_ALLOW_SELF_APPROVAL", promotion_toml,
+                                                          "allow_self_approval", False)),
     )
+
+
+def _optional_bool(env: dict, name: str, table: dict, key: str, default: bool | None) -> bool | None:
+    """An environment variable (true/false) wins over the kiln.toml key; neither: the default."""
+    if name in env:
+        return _parse_bool(name, env[name])
+    if key not in table:
+        return default
+    value = table[key]
+    if not isinstance(value, bool):
+        raise ConfigError(f"[promotion] {key} must be true or false, not {value!r}")
+    return value
 
 
 def _allowed_hosts(env: dict, server_toml: dict) -> tuple[str, ...]:

@@ -10,7 +10,9 @@ the same transaction. It then:
    example id. Without a gate and without `include_baseline` only the candidate is evaluated;
 3. waits for it (cancelling it if this job is cancelled);
 4. with `min_accuracy`, applies `paired_wilson_v1` (`evaluations.gate`): `promoted` activates the
-   adapter when auto_load is on (`kept` otherwise), `demoted` removes it (its folder becomes
+   adapter when auto_load is on (`kept` otherwise) -- or, with `[promotion] require_approval` or a
+   reward-hacking alarm, proposes a pending promotion instead (`promotion_id` in the result;
+   `adapters.promotions`), `demoted` removes it (its folder becomes
    `<name>.failed`), `regression`, `inconclusive` and `error` leave it published and unserved while
    the previous adapter keeps serving;
 5. appends the gate's evidence as a receipt row (and one for the activation), in the transaction
@@ -140,11 +142,16 @@ def _error_evidence(payload: PostEvalJobPayload, eval_job_id: str | None, reason
 
 def _apply(ctx, payload: PostEvalJobPayload, outcome: str, evidence: dict | None, eval_job_id: str | None,
            verdict: str) -> dict:
+    from adapters.promotions import promotion_after_gate
     from adapters.services import adapter_activate, adapter_demote
 
-    activated_at = demoted_to = None
+    activated_at = demoted_to = promotion = None
     with transaction.atomic():
         if outcome == "promoted":
+            # [promotion] require_approval, or a reward-hacking alarm: propose; a person approves.
+            promotion = promotion_after_gate(candidate=payload.adapter_name, evidence=evidence, job=ctx.job,
+                                             user=ctx.job.submitted_by)
+        if outcome == "promoted" and promotion is None:
             adapter_activate(name=payload.adapter_name, reason="post_eval gate passed", job=ctx.job)
             activated_at = timezone.now().isoformat()
             receipt_record(kind=ReceiptKind.ACTIVATION, subject=payload.adapter_name, job=ctx.job, body={
@@ -161,7 +168,9 @@ def _apply(ctx, payload: PostEvalJobPayload, outcome: str, evidence: dict | None
     return {"gate_outcome": outcome, "post_eval_gate_evidence": [evidence] if evidence else [],
             "post_eval_verdict": verdict, "linked_eval_job_ids": [eval_job_id] if eval_job_id else [],
             "evaluated_at": timezone.now().isoformat(), "activated_at": activated_at,
-            "demoted_to": demoted_to, "adapter_name": payload.adapter_name}
+            "demoted_to": demoted_to, "adapter_name": payload.adapter_name,
+            "promotion_id": promotion.id if promotion is not None else None,
+            "promotion_alarms": list(promotion.alarms or []) if promotion is not None else []}
 
 
 def run_post_eval_job(ctx) -> dict:

@@ -13,6 +13,7 @@ from kiln_project.cli import (
     jobs_cmd,
     model_cmd,
     openenv_cmd,
+    promotions_cmd,
     rollout_cmd,
     serve,
     train_cmd,
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     openenv_cmd.add_parser(sub, common)
     eval_cmd.add_parser(sub, common)
     adapters_cmd.add_parser(sub, common)
+    promotions_cmd.add_parser(sub, common)
     return parser
 
 

@@ -1,0 +1,361 @@
+"""Promotions (issue 13): a request to make a candidate adapter the active one, decided by a person.
+
+    promotion_request(candidate="math-r002", user=alice, reason="round two")    # pending
+    promotion_approve(promotion_id=p.id, user=bob, reason="better on held-out")  # applied: active
+    promotion_reject(promotion_id=p.id, user=bob, reason="alarm is real")        # rejected
+
+Policy (`[promotion]` in kiln.toml, `settings.KILN`): `require_approval` (default: on whenever more
+than one active user exists) makes a passed post-eval gate propose a promotion instead of activating
+(`promotion_after_gate`); `allow_self_approval` lets the requester approve their own request.
+
+Every request appends a `promotion` receipt row and every decision an `approval` row (same receipts
+table) binding the candidate's content digest, the evidence digest, the decision, the person and the
+time; `adapters.verify` checks them (link `promotion`).
+
+Reward-hacking alarm (`promotion_alarms`): the training reward rose (first vs last points of the
+reward history) while the held-out candidate accuracy is below the baseline's. A flagged promotion is
+never applied automatically; a person may approve it, and the approval receipt records the override.
+
+Two approvals at once apply once: the decision claims the row with a conditional UPDATE
+(`state = pending`) as the first statement of its transaction, then locks it (select_for_update), so
+PostgreSQL blocks the second on the row lock and SQLite serialises the writers; the loser sees 0 rows
+and answers `promotion_not_pending`.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from adapters.models import Adapter, AdapterState, AdapterStatus, Promotion, PromotionState
+from core.canonical import json_digest
+from core.errors import KilnError
+from core.models import Receipt, ReceiptKind
+from core.receipts import receipt_record
+
+PROMOTION_SCHEMA = "kiln.promotion.v1"
+APPROVAL_SCHEMA = "kiln.promotion-approval.v1"
+EVIDENCE_SCHEMA = "kiln.promotion-evidence.v1"
+ACTIVATION_SCHEMA = "kiln.adapter-activation.v1"
+APPROVE_PERMISSION = "jobs.approve_promotion"
+TREND_WINDOW = 4  # the reward trend compares the mean of the first and last quarter (at least one point)
+
+
+# -- policy ----------------------------------------------------------------------------------------
+
+def approval_required() -> bool:
+    """`[promotion] require_approval`; unset: on whenever more than one active user exists."""
+    configured = getattr(settings.KILN, "promotion_require_approval", None)
+    if configured is not None:
+        return bool(configured)
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.filter(is_active=True).count() > 1
+
+
+def self_approval_allowed() -> bool:
+    return bool(getattr(settings.KILN, "promotion_allow_self_approval", False))
+
+
+# -- evidence and alarms ---------------------------------------------------------------------------
+
+def _points(history) -> list[float]:
+    values = []
+    for point in history or []:
+        value = point.get("reward_mean") if isinstance(point, dict) else point
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values.append(float(value))
+    return values
+
+
+def reward_trend(history) -> dict | None:
+    """First vs last of a reward history (floats or {"step", "reward_mean"} points): the mean of the
+    first and of the last quarter (at least one point each). None with fewer than two points."""
+    values = _points(history)
+    if len(values) < 2:
+        return None
+    window = max(1, len(values) // TREND_WINDOW)
+    first, last = sum(values[:window]) / window, sum(values[-window:]) / window
+    return {"points": len(values), "window": window, "first": first, "last": last, "rose": last > first}
+
+
+def _train_receipt_row(adapter: Adapter) -> Receipt | None:
+    rows = Receipt.objects.filter(kind=ReceiptKind.TRAIN, subject=adapter.name)
+    if adapter.training_job_id:
+        rows = rows.filter(job_id=adapter.training_job_id)
+    return rows.order_by("-created_at", "-id").first()
+
+
+def _gate_of(adapter: Adapter) -> tuple[dict | None, str | None]:
+    """The post-eval gate evidence of the adapter's training job, and the post-eval job id."""
+    from core.jobs.models import Job
+
+    job = adapter.training_job
+    post_id = (job.result or {}).get("post_eval_job_id") if job is not None else None
+    post = Job.objects.filter(uuid=post_id).first() if post_id else None
+    if post is None:
+        return None, None
+    evidence = ((post.result or {}).get("post_eval_gate_evidence") or [None])[0]
+    return (evidence if isinstance(evidence, dict) else None), str(post.uuid)
+
+
+def promotion_evidence(*, adapter: Adapter, gate: dict | None = None, post_eval_job_id: str | None = None) -> dict:
+    """What a reviewer decides on: the gate evidence (given, else the adapter's post-eval), the train
+    receipt's reward statistics and the reward trend (the receipt's history, else the job's curve)."""
+    if gate is None:
+        gate, found = _gate_of(adapter)
+        post_eval_job_id = post_eval_job_id or found
+    row = _train_receipt_row(adapter)
+    receipt = row.body if row is not None and isinstance(row.body, dict) else {}
+    history = receipt.get("reward_history") or (receipt.get("rewards") or {}).get("history")
+    source = "train_receipt" if history else None
+    if not history and adapter.training_job is not None:
+        history = (adapter.training_job.metrics or {}).get("reward_history")
+        source = "training_job_metrics" if history else None
+    trend = reward_trend(history)
+    return {"schema": EVIDENCE_SCHEMA, "candidate": adapter.name, "candidate_content_sha256": adapter.content_sha256,
+            "training_job_id": str(adapter.training_job.uuid) if adapter.training_job_id else None,
+            "post_eval_job_id": post_eval_job_id, "gate": gate,
+            "train_receipt_sha256": row.sha256 if row is not None else None,
+            "reward_statistics": receipt.get("rewards"),
+            "reward_trend": {**trend, "source": source} if trend else None}
+
+
+def promotion_alarms(evidence: dict) -> list[str]:
+    """Reward-hacking reasons: training reward rose while the held-out candidate accuracy is below the
+    baseline's (both needed; missing figures raise no alarm)."""
+    alarms = []
+    trend = evidence.get("reward_trend") or {}
+    gate = evidence.get("gate") or {}
+    candidate, baseline = gate.get("candidate_accuracy"), gate.get("baseline_accuracy")
+    if trend.get("rose") and isinstance(candidate, int | float) and isinstance(baseline, int | float) \
+            and candidate < baseline:
+        alarms.append(f"training reward rose ({trend['first']:.4g} -> {trend['last']:.4g}) while the held-out "
+                      f"accuracy fell below the baseline's ({candidate:.4g} < {baseline:.4g})")
+    return alarms
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+def _not_found(promotion_id) -> KilnError:
+    return KilnError("promotion_not_found", f"no promotion {promotion_id}", status=404,
+                     hint="list promotions with GET /v1/promotions (kiln promotions list)")
+
+
+def _require_reason(reason: str) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise KilnError("reason_required", "reason: a decision needs a reason", status=400, field="reason",
+                        hint="say why, e.g. --reason 'held-out accuracy improved'")
+    return reason
+
+
+def _require_approver(user) -> None:
+    if user is None or not getattr(user, "is_authenticated", False) or not user.has_perm(APPROVE_PERMISSION):
+        raise KilnError("approval_permission_required", "deciding a promotion needs the approve_promotion "
+                        "permission", status=403,
+                        hint="ask a user with jobs.approve_promotion (an administrator grants it in /admin/)")
+
+
+def _username(user) -> str | None:
+    return user.username if user is not None and getattr(user, "pk", None) is not None else None
+
+
+def _saved(user):
+    return user if user is not None and getattr(user, "pk", None) is not None else None
+
+
+# -- services --------------------------------------------------------------------------------------
+
+def promotion_request(*, candidate: str, user=None, reason: str = "", evidence: dict | None = None,
+                      job=None, post_eval_job_id: str | None = None) -> Promotion:
+    """Propose making `candidate` the active adapter (by hand, or a passed gate with its evidence)."""
+    from adapters.selectors import adapter_active
+
+    adapter = Adapter.objects.select_related("training_job").filter(name=candidate).first()
+    if adapter is None:
+        raise KilnError("adapter_not_found", f"no adapter named {candidate!r}", status=404, field="candidate",
+                        hint="list adapters with GET /v1/adapters")
+    if adapter.state != AdapterState.PUBLISHED:
+        raise KilnError("adapter_busy", f"adapter {candidate!r} is being written; it cannot be promoted yet",
+                        status=409, field="candidate", hint="wait for its training job to finish")
+    incumbent = adapter_active()
+    if incumbent is not None and incumbent.name == candidate:
+        raise KilnError("adapter_active", f"adapter {candidate!r} is already the active adapter", status=409,
+                        field="candidate", hint="promote another adapter")
+    full = promotion_evidence(adapter=adapter, gate=evidence, post_eval_job_id=post_eval_job_id)
+    alarms = promotion_alarms(full)
+    now = timezone.now()
+    with transaction.atomic():
+        promotion = Promotion.objects.create(
+            candidate=candidate, content_sha256=adapter.content_sha256,
+            incumbent=incumbent.name if incumbent else None,
+            incumbent_sha256=incumbent.content_sha256 if incumbent else "", evidence=full,
+            evidence_sha256=json_digest(full), alarms=alarms, requested_by=_saved(user), requested_at=now,
+            request_reason=reason or "", job=job)
+        receipt_record(kind=ReceiptKind.PROMOTION, subject=candidate, job=job, body={
+            "schema": PROMOTION_SCHEMA, "promotion_id": promotion.id, "candidate": candidate,
+            "candidate_content_sha256": adapter.content_sha256, "incumbent": promotion.incumbent,
+            "incumbent_content_sha256": promotion.incumbent_sha256 or None,
+            "evidence_sha256": promotion.evidence_sha256, "alarms": alarms, "requested_by": _username(user),
+            "reason": reason or "", "requested_at": now.isoformat()})
+    return promotion
+
+
+def promotion_after_gate(*, candidate: str, evidence: dict, job=None, user=None) -> Promotion | None:
+    """A post-eval gate passed (`promoted`). With the approval policy on, or with a reward-hacking
+    alarm, propose a promotion (pending) and return it; otherwise return None: the caller activates."""
+    adapter = Adapter.objects.select_related("training_job").filter(name=candidate).first()
+    if adapter is None:
+        return None
+    post_id = str(job.uuid) if job is not None else None
+    alarms = promotion_alarms(promotion_evidence(adapter=adapter, gate=evidence, post_eval_job_id=post_id))
+    if not approval_required() and not alarms:
+        return None
+    reason = "post_eval gate passed" + ("; flagged: " + "; ".join(alarms) if alarms else "")
+    return promotion_request(candidate=candidate, user=user, reason=reason, evidence=evidence, job=job,
+                             post_eval_job_id=post_id)
+
+
+def _claim(promotion_id: int, to_state: str, user, reason: str) -> tuple[int, Promotion]:
+    """The conditional UPDATE that decides who wins, then the row, locked."""
+    claimed = Promotion.objects.filter(id=promotion_id, state=PromotionState.PENDING).update(
+        state=to_state, decided_by=_saved(user), decided_at=timezone.now(), reason=reason)
+    promotion = Promotion.objects.select_for_update().filter(id=promotion_id).first()
+    if promotion is None:
+        raise _not_found(promotion_id)
+    if not claimed:
+        raise KilnError("promotion_not_pending", f"promotion {promotion_id} is {promotion.state}, not pending",
+                        status=409, hint="only a pending promotion can be decided; request a new one")
+    return claimed, promotion
+
+
+def _decision_receipt(promotion: Promotion, *, decision: str, user, reason: str, override: bool) -> Receipt:
+    return receipt_record(kind=ReceiptKind.APPROVAL, subject=promotion.candidate, job=promotion.job, body={
+        "schema": APPROVAL_SCHEMA, "promotion_id": promotion.id, "candidate": promotion.candidate,
+        "candidate_content_sha256": promotion.content_sha256, "incumbent": promotion.incumbent,
+        "evidence_sha256": promotion.evidence_sha256, "decision": decision, "override": override,
+        "alarms": list(promotion.alarms or []), "actor": _username(user), "reason": reason,
+        "decided_at": (promotion.decided_at or timezone.now()).isoformat()})
+
+
+def _make_active(promotion: Promotion, user, reason: str) -> Adapter:
+    """Activate the candidate and stop serving whatever would still win over it (a rollback to an
+    older adapter unloads the newer ones), with an activation receipt row the verifier reads."""
+    from adapters.selectors import adapter_active
+    from adapters.services import adapter_activate, transition_record
+
+    why = f"promotion {promotion.id} approved: {reason}"
+    adapter = adapter_activate(name=promotion.candidate, actor=user, reason=why, job=promotion.job)
+    for _ in range(64):
+        active = adapter_active()
+        if active is None or active.name == promotion.candidate:
+            break
+        Adapter.objects.filter(id=active.id).update(loaded=False)
+        transition_record(name=active.name, from_state=AdapterStatus.ACTIVE, to_state=AdapterStatus.AVAILABLE,
+                          actor=user, content_sha256=active.content_sha256,
+                          reason=f"replaced by {promotion.candidate} (promotion {promotion.id})")
+    gate = (promotion.evidence or {}).get("gate") or {}
+    body = {"schema": ACTIVATION_SCHEMA, "adapter": promotion.candidate, "reason": why,
+            "content_sha256": adapter.content_sha256, "actor": _username(user), "promotion_id": promotion.id,
+            "activated_at": timezone.now().isoformat()}
+    if gate.get("outcome") == "promoted":
+        body.update(gate_outcome="promoted", eval_job_id=gate.get("eval_job_id"),
+                    training_job_id=(promotion.evidence or {}).get("training_job_id"))
+    receipt_record(kind=ReceiptKind.ACTIVATION, subject=promotion.candidate, job=promotion.job, body=body)
+    return adapter
+
+
+def promotion_approve(*, promotion_id: int, user, reason: str) -> Promotion:
+    """Approve and apply a pending promotion: the candidate becomes active, once."""
+    from adapters.selectors import adapter_active
+
+    reason = _require_reason(reason)
+    _require_approver(user)
+    failure = None
+    with transaction.atomic():
+        _, promotion = _claim(promotion_id, PromotionState.APPROVED, user, reason)
+        if promotion.requested_by_id == user.pk and not self_approval_allowed():
+            raise KilnError("promotion_self_approval", f"promotion {promotion_id} was requested by you; another "
+                            "reviewer must approve it", status=403,
+                            hint="ask another user with jobs.approve_promotion, or set [promotion] "
+                                 "allow_self_approval = true")
+        active = adapter_active()
+        if (active.name if active else None) != promotion.incumbent:
+            raise KilnError("promotion_stale", f"promotion {promotion_id} was requested against "
+                            f"{promotion.incumbent or 'the base model'}, but {active.name if active else 'the base model'}"
+                            " is active now", status=409,
+                            hint="reject it and request a new promotion against the current adapter")
+        candidate = Adapter.objects.select_for_update().filter(name=promotion.candidate).first()
+        if candidate is None or candidate.state != AdapterState.PUBLISHED:
+            failure = f"the candidate {promotion.candidate!r} is no longer published"
+        elif candidate.content_sha256 != promotion.content_sha256:
+            failure = (f"the candidate's content is now {candidate.content_sha256}, the promotion was for "
+                       f"{promotion.content_sha256}")
+        override = bool(promotion.alarms)
+        if failure is None:
+            _make_active(promotion, user, reason)
+            promotion.state = PromotionState.APPLIED
+            Promotion.objects.filter(id=promotion.id).update(state=PromotionState.APPLIED)
+            Promotion.objects.filter(state=PromotionState.PENDING, incumbent=promotion.incumbent).exclude(
+                id=promotion.id).update(state=PromotionState.SUPERSEDED, decided_at=timezone.now(),
+                                        reason=f"superseded by promotion {promotion.id}")
+        else:
+            promotion.state = PromotionState.FAILED
+            Promotion.objects.filter(id=promotion.id).update(state=PromotionState.FAILED,
+                                                             reason=f"{reason} (failed: {failure})")
+        _decision_receipt(promotion, decision="approved", user=user, reason=reason, override=override)
+    if failure is not None:
+        raise KilnError("promotion_failed", f"promotion {promotion_id} could not be applied: {failure}", status=409,
+                        hint="the promotion is recorded failed; request a new one")
+    return Promotion.objects.get(id=promotion_id)
+
+
+def promotion_reject(*, promotion_id: int, user, reason: str) -> Promotion:
+    reason = _require_reason(reason)
+    _require_approver(user)
+    with transaction.atomic():
+        _, promotion = _claim(promotion_id, PromotionState.REJECTED, user, reason)
+        _decision_receipt(promotion, decision="rejected", user=user, reason=reason, override=False)
+    return Promotion.objects.get(id=promotion_id)
+
+
+# -- selectors -------------------------------------------------------------------------------------
+
+def promotion_list(*, state: str | None = None):
+    rows = Promotion.objects.select_related("requested_by", "decided_by", "job")
+    return rows.filter(state=state) if state else rows
+
+
+def promotion_get(*, promotion_id: int) -> Promotion:
+    promotion = promotion_list().filter(id=promotion_id).first()
+    if promotion is None:
+        raise _not_found(promotion_id)
+    return promotion
+
+
+def promotion_receipts(promotion: Promotion) -> list[Receipt]:
+    """The promotion's request and decision rows (matched by promotion_id in their bodies)."""
+    rows = Receipt.objects.filter(subject=promotion.candidate, kind__in=(ReceiptKind.PROMOTION, ReceiptKind.APPROVAL))
+    return [r for r in rows.order_by("created_at", "id")
+            if isinstance(r.body, dict) and r.body.get("promotion_id") == promotion.id]
+
+
+def promotion_out(promotion: Promotion, *, detail: bool = False) -> dict:
+    out = {"id": promotion.id, "candidate": promotion.candidate, "content_sha256": promotion.content_sha256,
+           "incumbent": promotion.incumbent, "incumbent_sha256": promotion.incumbent_sha256 or None,
+           "state": promotion.state, "alarms": list(promotion.alarms or []), "flagged": bool(promotion.alarms),
+           "evidence_sha256": promotion.evidence_sha256,
+           "requested_by": promotion.requested_by.username if promotion.requested_by_id else None,
+           "requested_at": promotion.requested_at, "request_reason": promotion.request_reason,
+           "decided_by": promotion.decided_by.username if promotion.decided_by_id else None,
+           "decided_at": promotion.decided_at, "reason": promotion.reason,
+           "job_id": str(promotion.job.uuid) if promotion.job_id else None}
+    if detail:
+        out["evidence"] = promotion.evidence
+        out["receipts"] = [{"kind": r.kind, "sha256": r.sha256, "created_at": r.created_at,
+                            "decision": r.body.get("decision"), "actor": r.body.get("actor") or
+                            r.body.get("requested_by"), "override": r.body.get("override")}
+                           for r in promotion_receipts(promotion)]
+    return out

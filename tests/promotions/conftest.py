@@ -1,0 +1,1 @@
+from tests.promotions.support import home  # noqa: F401

@@ -1,0 +1,113 @@
+"""/v1/promotions over HTTP: request, list (with ?state=), one, approve and reject with their stable
+codes; and `kiln promotions` against the same routes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapters.models import Adapter
+from tests.promotions.support import client_for, error, published, send, users
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def team(home):
+    users()
+    published(home, "inc", loaded=True)
+    published(home, "cand")
+    return {name: client_for(name) for name in ("requester", "reviewer", "other")}
+
+
+def test_request_list_show_approve(team):
+    created = send(team["requester"], "/v1/promotions", {"candidate": "cand", "reason": "round two"})
+    assert created.status_code == 200, created.content
+    promotion = created.json()
+    assert promotion["state"] == "pending" and promotion["incumbent"] == "inc"
+    assert promotion["requested_by"] == "requester" and promotion["evidence"]["candidate"] == "cand"
+    assert [r["kind"] for r in promotion["receipts"]] == ["promotion"]
+    listed = team["reviewer"].get("/v1/promotions?state=pending").json()
+    assert [p["id"] for p in listed] == [promotion["id"]]
+    assert team["reviewer"].get("/v1/promotions?state=applied").json() == []
+    error(team["reviewer"].get("/v1/promotions?state=bogus"), 400, "invalid_state")
+    one = team["reviewer"].get(f"/v1/promotions/{promotion['id']}")
+    assert one.status_code == 200 and one.json()["evidence_sha256"] == promotion["evidence_sha256"]
+
+    approved = send(team["reviewer"], f"/v1/promotions/{promotion['id']}/approve", {"reason": "better"})
+    assert approved.status_code == 200, approved.content
+    body = approved.json()
+    assert body["state"] == "applied" and body["decided_by"] == "reviewer"
+    assert [r["decision"] for r in body["receipts"]] == [None, "approved"]
+    assert Adapter.objects.get(name="cand").loaded
+    error(send(team["other"], f"/v1/promotions/{promotion['id']}/approve", {"reason": "again"}), 409,
+          "promotion_not_pending")
+
+
+def test_the_stable_codes(team):
+    pid = send(team["requester"], "/v1/promotions", {"candidate": "cand"}).json()["id"]
+    error(send(team["requester"], f"/v1/promotions/{pid}/approve", {"reason": "mine"}), 403,
+          "approval_permission_required")
+    error(send(team["reviewer"], f"/v1/promotions/{pid}/reject", {}), 400, "reason_required")
+    error(team["reviewer"].get("/v1/promotions/9999"), 404, "promotion_not_found")
+    error(send(team["reviewer"], "/v1/promotions/9999/approve", {"reason": "x"}), 404, "promotion_not_found")
+    error(send(team["requester"], "/v1/promotions", {"candidate": "missing"}), 404, "adapter_not_found")
+    own = send(team["reviewer"], "/v1/promotions", {"candidate": "cand"}).json()["id"]
+    error(send(team["reviewer"], f"/v1/promotions/{own}/approve", {"reason": "mine"}), 403, "promotion_self_approval")
+    assert send(team["other"], "/v1/adapters/load", {"name": "cand", "reason": "by hand"}).status_code == 200
+    error(send(team["reviewer"], f"/v1/promotions/{pid}/approve", {"reason": "ok"}), 409, "promotion_stale")
+    rejected = send(team["reviewer"], f"/v1/promotions/{pid}/reject", {"reason": "stale"})
+    assert rejected.status_code == 200 and rejected.json()["state"] == "rejected"
+
+
+def test_the_cli_calls_the_routes(monkeypatch, capsys):
+    from kiln_project.cli import main as cli_main
+    from kiln_project.cli import promotions_cmd
+
+    calls = []
+
+    class FakeClient:
+        def __init__(self, url=None):
+            pass
+
+        def get(self, path, params=None):
+            calls.append(("GET", path, params))
+            if path == "/v1/promotions":
+                return [{"id": 1, "state": "pending", "candidate": "c", "incumbent": None, "flagged": True,
+                         "requested_by": "a", "decided_by": None, "requested_at": "2026-01-01T00:00:00"}]
+            return {"id": 1, "state": "pending", "candidate": "c", "alarms": ["reward rose"], "evidence": {},
+                    "receipts": [{"kind": "promotion", "sha256": "sha256:1", "created_at": "x"}]}
+
+        def post(self, path, json=None):
+            calls.append(("POST", path, json))
+            return {"id": 1, "state": "applied" if path.endswith("approve") else "rejected", "candidate": "c"}
+
+    monkeypatch.setattr(promotions_cmd, "KilnClient", FakeClient)
+    assert cli_main.main(["promotions", "list", "--state", "pending"]) == 0
+    assert "pending" in capsys.readouterr().out
+    assert cli_main.main(["promotions", "show", "1"]) == 0
+    assert "ALARM: reward rose" in capsys.readouterr().out
+    assert cli_main.main(["promotions", "approve", "1", "--reason", "ok", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "applied"
+    assert cli_main.main(["promotions", "reject", "1", "--reason", "no"]) == 0
+    assert calls == [("GET", "/v1/promotions", {"state": "pending"}), ("GET", "/v1/promotions/1", None),
+                     ("POST", "/v1/promotions/1/approve", {"reason": "ok"}),
+                     ("POST", "/v1/promotions/1/reject", {"reason": "no"})]
+    with pytest.raises(SystemExit):  # --reason is required
+        cli_main.main(["promotions", "reject", "1"])
+
+
+def test_the_promotion_settings_load_from_toml_and_environment(tmp_path, monkeypatch):
+    from kiln_project.config import ConfigError, load_config
+
+    monkeypatch.chdir(tmp_path)
+    assert load_config({"KILN_HOME": str(tmp_path)}).promotion_require_approval is None
+    (tmp_path / "kiln.toml").write_text("[promotion]\nrequire_approval = false\nallow_self_approval = true\n")
+    config = load_config({"KILN_HOME": str(tmp_path)})
+    assert config.promotion_require_approval is False and config.promotion_allow_self_approval is True
+    config = load_config({"KILN_HOME": str(tmp_path), "KILN_PROMOTION_REQUIRE_APPROVAL": "true"})
+    assert config.promotion_require_approval is True
+    (tmp_path / "kiln.toml").write_text('[promotion]\nrequire_approval = "yes"\n')
+    with pytest.raises(ConfigError):
+        load_config({"KILN_HOME": str(tmp_path)})

@@ -1,0 +1,61 @@
+"""The verifier's `promotion` link: an adapter a promotion activated verifies end to end; an edited
+approval row (raw SQL, behind the append-only model) breaks the link and is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.promotions import promotion_approve, promotion_request
+from adapters.verify import link_names, verify_adapter
+from core.models import Receipt
+from tests.adapters_verify.chain_support import build_chain, tamper_row
+from tests.promotions.support import users
+
+pytestmark = pytest.mark.django_db
+
+
+def _approved(home, name: str = "gated"):
+    requester, reviewer, _ = users()
+    build_chain(home, name, gated=True, loaded=False)
+    promotion = promotion_request(candidate=name, user=requester, reason="round one")
+    return promotion_approve(promotion_id=promotion.id, user=reviewer, reason="gate passed, reviewed")
+
+
+def test_the_promotion_link_follows_activation():
+    names = link_names()
+    assert names.index("promotion") == names.index("activation") + 1
+
+
+def test_an_approved_promotion_verifies(home):
+    promotion = _approved(home)
+    report = verify_adapter("gated")
+    assert report.ok, report.to_dict()
+    link = {x.link: x for x in report.links}["promotion"]
+    assert f"promotion {promotion.id} approved by reviewer" in link.detail
+    assert "activation receipt row" in {x.link: x for x in report.links}["activation"].detail
+
+
+def test_a_tampered_approval_row_breaks_the_promotion_link(home):
+    _approved(home)
+    row = Receipt.objects.get(kind="approval", subject="gated")
+    tamper_row(row, {**row.body, "actor": "mallory"})
+    report = verify_adapter("gated")
+    assert report.first_broken.link == "promotion" and "altered" in report.first_broken.detail
+
+
+def test_an_approval_row_bound_to_other_evidence_breaks_the_link(home):
+    """A second, well-formed row claiming another evidence digest (hashes fine, binds the wrong thing)."""
+    from core.receipts import receipt_record
+
+    promotion = _approved(home)
+    row = Receipt.objects.get(kind="approval", subject="gated")
+    receipt_record(kind="approval", subject="gated", body={**row.body, "evidence_sha256": "sha256:" + "9" * 64})
+    report = verify_adapter("gated")
+    assert report.first_broken.link == "promotion" and "binds other" in report.first_broken.detail
+    assert promotion.state == "applied"
+
+
+def test_an_adapter_not_activated_by_a_promotion_passes_the_link(home):
+    build_chain(home, "plain", loaded=True)
+    link = {x.link: x for x in verify_adapter("plain").links}["promotion"]
+    assert link.ok and "not activated through a promotion" in link.detail
