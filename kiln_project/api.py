@@ -102,6 +102,7 @@ def _internal(request, exc):
 
 def _register_routers() -> None:
     from adapters.api import router as adapters_router
+    from adapters.promotions_api import router as promotions_router
     from adapters.serving.api import router as inference_router
     from core.jobs.api import router as jobs_router
     from evaluations.api import router as eval_router
@@ -114,6 +115,8 @@ def _register_routers() -> None:
     api.add_router("/", training_router)
     api.add_router("/adapters", adapters_router)
     api.add_router("/eval", eval_router)
+    api.add_router("/openenv", "openenv.api.router")
+    api.add_router("/promotions", promotions_router)
 
 
 _register_routers()

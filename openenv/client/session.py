@@ -16,6 +16,10 @@ the remaining `capacity_wait_seconds`), counting the retries apart.
 
 Ping/Pong is answered by the library's reader at any time; `keep_alive_while` also sends
 read-only `state` exchanges while the model thinks (some servers renew leases only on data).
+
+Cancellation: a close that is cancelled (or fails) aborts the TCP connection at once instead of
+leaving the closing handshake to a loop that may be about to end, so no socket outlives an
+aborted collection.
 """
 
 from __future__ import annotations
@@ -172,21 +176,39 @@ class Session:
             code = exc.rcvd.code if exc is not None and exc.rcvd is not None else None
             self._fail(OpenEnvSocketClosed(f"the server closed the socket (close code {code})"))
 
+    def _abort(self) -> None:
+        """Drop the TCP connection now, without the closing handshake, and stop the reader.
+
+        Used when a close is cancelled or fails: a cancelled candidate must leave no socket open
+        (once the caller's event loop ends, a socket still in the closing handshake would stay
+        open until the server gives up on it).
+        """
+        transport = getattr(self._ws, "transport", None)
+        if transport is not None:
+            transport.abort()
+        if self._reader is not asyncio.current_task() and not self._reader.done():
+            self._reader.cancel()
+
     async def _close_socket(self) -> None:
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await self._ws.close()
+        except asyncio.CancelledError:
+            self._abort()
+            raise
         except Exception:
-            pass
+            self._abort()
 
     async def _shutdown(self) -> None:
-        await self._close_socket()
-        if self._reader is not asyncio.current_task() and not self._reader.done():
-            self._reader.cancel()
-            try:
-                await self._reader
-            except BaseException:
-                pass
+        try:
+            await self._close_socket()
+            if self._reader is not asyncio.current_task() and not self._reader.done():
+                self._reader.cancel()
+                # asyncio.wait never raises the reader's own CancelledError, only ours if we are cancelled
+                await asyncio.wait({self._reader}, timeout=CLOSE_TIMEOUT_S)
+        except asyncio.CancelledError:
+            self._abort()
+            raise
 
     # --- exchanges -------------------------------------------------------------------------
 
@@ -255,13 +277,17 @@ class Session:
         send = self.usable
         self._closed = True
         self._dead.set()
-        if send:
-            try:
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                    await self._ws.send('{"type":"close"}')
-            except Exception:
-                pass
-        await self._shutdown()
+        try:
+            if send:
+                try:
+                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                        await self._ws.send('{"type":"close"}')
+                except Exception:
+                    pass
+            await self._shutdown()
+        except asyncio.CancelledError:  # cancelled mid-close (a collection aborting): drop the socket now
+            self._abort()
+            raise
 
     async def keep_alive_while(self, work: Awaitable, *, interval_s: float = KEEPALIVE_INTERVAL_S):
         """Await `work` (the model's generation), exchanging read-only `state` every `interval_s`.
@@ -289,10 +315,9 @@ class Session:
             dead.cancel()
             if not task.done():
                 task.cancel()
-                try:
-                    await task
-                except BaseException:
-                    pass
+                await asyncio.wait({task})  # never swallows our own cancellation
+            if not task.cancelled():
+                task.exception()  # retrieved: the outcome that matters is the one being raised
 
     async def __aenter__(self) -> Session:
         return self

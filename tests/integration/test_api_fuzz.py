@@ -33,19 +33,25 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(stack_factor
     wait_until(lambda: any((w["status"].get("model") or {}).get("loaded")
                            for w in stack.health()["workers"]["workers"]), 120, what="the model to load")
     report = tmp_path / "report"
-    command = [
-        str(Path(sys.executable).with_name("schemathesis")), "run", f"{stack.url}/v1/openapi.json",
-        "-H", f"Authorization: Bearer {token}",
-        "--checks", "not_a_server_error,response_schema_conformance",
-        "--phases", "examples,coverage,fuzzing", "--mode", "all", "--max-examples", EXAMPLES,
-        "--seed", "11", "--workers", "1", "--request-timeout", "90", "--generation-database", "none",
-        "--no-color", "--report", "ndjson", "--report-dir", str(report),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1200)
-    summary = result.stdout[-8000:]
-    assert result.returncode == 0, summary + result.stderr[-2000:]
+    def schemathesis(checks: str, *paths: str) -> str:
+        command = [
+            str(Path(sys.executable).with_name("schemathesis")), "run", f"{stack.url}/v1/openapi.json",
+            "-H", f"Authorization: Bearer {token}", "--checks", checks, *paths,
+            "--phases", "examples,coverage,fuzzing", "--mode", "all", "--max-examples", EXAMPLES,
+            "--seed", "11", "--workers", "1", "--request-timeout", "90", "--generation-database", "none",
+            "--no-color", "--report", "ndjson", "--report-dir", str(report),
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+        summary = result.stdout[-8000:]
+        assert result.returncode == 0, summary + result.stderr[-2000:]
+        assert "Tested: " in summary and "Tested: 0" not in summary
+        return summary
+
+    # The OpenEnv routes reach out to the URL they are given: a generated loopback URL where nothing
+    # listens is rightly a 502 (the environment failed), so they are held to the schema only.
+    schemathesis("not_a_server_error,response_schema_conformance", "--exclude-path-regex", "^/v1/openenv/")
+    schemathesis("response_schema_conformance", "--include-path-regex", "^/v1/openenv/")
     events = [json.loads(line) for path in report.glob("*.ndjson") for line in path.read_text().splitlines()]
     assert len(events) > 100  # it did test: thousands of generated cases, not an empty schema
-    assert "Tested: " in summary and "Tested: 0" not in summary
     web_log = stack.logs["web"].read_text(errors="replace")
     assert "Traceback" not in web_log, web_log[web_log.find("Traceback"):][:4000]

@@ -209,7 +209,7 @@ def test_identity_change_after_the_last_episode_publishes_nothing(tmp_path):
 
 def test_the_retained_bytes_budget_aborts_with_nothing_published(tmp_path):
     with FakeServer() as server:
-        config = config_for([server.url], tmp_path, retained_bytes_limit=3000, concurrency=1)
+        config = config_for([server.url], tmp_path, retained_bytes_limit=3000, concurrency=2)
         with pytest.raises(CollectionError) as info:
             run_collection(config)
     assert info.value.code == "openenv_budget_exceeded"
