@@ -80,10 +80,12 @@ def free_port() -> int:
 
 
 class RealServer:
-    """`uvicorn kiln_interop_env:app` on 127.0.0.1, started from a scratch folder."""
+    """`uvicorn <module>:app` on 127.0.0.1 (kiln_interop_env by default), started from a scratch folder.
+    Another `module_source` is copied next to kiln_interop_env.py, which it may build on."""
 
     def __init__(self, python: Path, workdir: Path, *, port: int | None = None, max_sessions: int = 4,
-                 max_delta: int = 3):
+                 max_delta: int = 3, module_source: Path = ENV_SOURCE):
+        self.module_source = module_source
         self.python = python
         self.workdir = workdir
         self.port = port or free_port()
@@ -98,10 +100,11 @@ class RealServer:
 
     def start(self) -> RealServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ENV_SOURCE, self.workdir / ENV_SOURCE.name)
+        for source in {ENV_SOURCE, self.module_source}:
+            shutil.copy(source, self.workdir / source.name)
         log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [str(self.python), "-m", "uvicorn", "kiln_interop_env:app", "--host", "127.0.0.1",
+            [str(self.python), "-m", "uvicorn", f"{self.module_source.stem}:app", "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning"],
             cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()

@@ -15,54 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-import time
 
-import httpx
 import pytest
 
 from core.contracts.groups import admit_jsonl
 from openenv.collector import CollectionError, collect_and_publish
 from openenv.verify import verify
 from tests.openenv.collector_fakes import FakeCounterPolicy, config_for, run_collection
-from tests.openenv.real_server import ENV_SOURCE, START_TIMEOUT_S, RealServer, free_port, openenv_python
+from tests.openenv.real_server import ENV_SOURCE, RealServer, free_port, openenv_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 FLAKY_SOURCE = ENV_SOURCE.with_name("kiln_flaky_env.py")
-
-
-class ModuleServer(RealServer):
-    """A RealServer that serves another environment module (copied next to kiln_interop_env.py, which it
-    builds on)."""
-
-    def __init__(self, python, workdir, module_source, **kwargs):
-        super().__init__(python, workdir, **kwargs)
-        self.module_source = module_source
-
-    def start(self) -> ModuleServer:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        for source in (ENV_SOURCE, self.module_source):
-            shutil.copy(source, self.workdir / source.name)
-        log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [str(self.python), "-m", "uvicorn", f"{self.module_source.stem}:app", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning"],
-            cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the OpenEnv server exited ({self.process.returncode}):\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2, trust_env=False).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"the OpenEnv server did not answer /health in {START_TIMEOUT_S} s:\n{self.log_tail()}")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +66,7 @@ def test_a_capacity_of_one_is_retried_counted_and_every_episode_completes(python
 
 
 def test_a_step_that_raises_mid_episode_is_feedback_on_the_same_socket(python, tmp_path):
-    with ModuleServer(python, tmp_path / "server", FLAKY_SOURCE, max_sessions=4) as server:
+    with RealServer(python, tmp_path / "server", module_source=FLAKY_SOURCE, max_sessions=4) as server:
         config = config_for([server.url], tmp_path, groups=2, group_size=2, concurrency=2, max_steps=8,
                             reset_options={"target": 4})
         bundle = run_collection(config, FakeCounterPolicy())
