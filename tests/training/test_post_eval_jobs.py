@@ -80,22 +80,30 @@ def test_a_suite_changed_after_admission_ends_the_gate_in_error(home, django_cap
     assert receipt.body["evidence"] == evidence
 
 
-def test_training_detail_reads_the_gate_from_its_post_eval_job(home, django_capture_on_commit_callbacks):
+def _gated_training_with_a_changed_suite(name: str, home: Path, capture, *, auto_load: bool):
+    """A finished training job of `name` whose post-eval ran against a suite changed after admission
+    (so it ends in error without a model)."""
     suite = suite_store(body=SUITE)
-    _published("cand2", home)
-    training = _training_job("cand2")
-    with django_capture_on_commit_callbacks(execute=True):
-        evaluation = post_eval_submit(training_job=training, adapter_name="cand2",
+    _published(name, home)
+    training = _training_job(name)
+    with capture(execute=True):
+        evaluation = post_eval_submit(training_job=training, adapter_name=name,
                                       post_eval=PostEvalConfig.from_dict({"suite": "held", "min_accuracy": 0.5}),
-                                      suite_hash=suite.suite_hash + "x", auto_load=False)
+                                      suite_hash=suite.suite_hash + "x", auto_load=auto_load)
     Job.objects.filter(id=training.id).update(
-        payload={"route": "/v1/train/grpo", "adapter_name": "cand2", "snapshot_path": "/nonexistent",
-                 "config": {"seed": "1", "output_name": "cand2"}, "training_data": {"source": "inline"},
+        payload={"route": "/v1/train/grpo", "adapter_name": name, "snapshot_path": "/nonexistent",
+                 "config": {"seed": "1", "output_name": name}, "training_data": {"source": "inline"},
                  "post_eval": {"suite": "held", "min_accuracy": 0.5}},
         result={"post_eval_job_id": str(evaluation.uuid)})
-    with django_capture_on_commit_callbacks(execute=True):
+    with capture(execute=True):
         run_queued_jobs("control")
-    detail = training_detail(Job.objects.get(id=training.id))
+    return Job.objects.get(id=training.id)
+
+
+def test_training_detail_reads_the_gate_from_its_post_eval_job(home, django_capture_on_commit_callbacks):
+    training = _gated_training_with_a_changed_suite("cand2", home, django_capture_on_commit_callbacks,
+                                                    auto_load=False)
+    detail = training_detail(training)
     assert detail["gate_outcome"] == "error" and detail["post_eval_gate_evidence"][0]["outcome"] == "error"
     assert detail["states"]["evaluation"]["outcome"] == "error"
     assert detail["states"]["activation"] == {"active": False, "at": None, "demoted_to": None}
@@ -115,20 +123,8 @@ def test_the_training_job_page_shows_the_three_states_and_the_gate(home, django_
 
     from core.accounts.services import user_create
 
-    suite = suite_store(body=SUITE)
-    _published("cand3", home)
-    training = _training_job("cand3")
-    with django_capture_on_commit_callbacks(execute=True):
-        evaluation = post_eval_submit(training_job=training, adapter_name="cand3",
-                                      post_eval=PostEvalConfig.from_dict({"suite": "held", "min_accuracy": 0.5}),
-                                      suite_hash=suite.suite_hash + "x", auto_load=True)
-    Job.objects.filter(id=training.id).update(
-        payload={"route": "/v1/train/grpo", "adapter_name": "cand3", "snapshot_path": "/nonexistent",
-                 "config": {"seed": "1", "output_name": "cand3"}, "training_data": {"source": "inline"},
-                 "post_eval": {"suite": "held", "min_accuracy": 0.5}},
-        result={"post_eval_job_id": str(evaluation.uuid)})
-    with django_capture_on_commit_callbacks(execute=True):
-        run_queued_jobs("control")
+    training = _gated_training_with_a_changed_suite("cand3", home, django_capture_on_commit_callbacks,
+                                                    auto_load=True)
     client = Client()
     client.force_login(user_create(username="looker", password="long-enough-pw"))
     html = client.get(f"/ui/jobs/{training.uuid}/").content.decode()
