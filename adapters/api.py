@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.http import StreamingHttpResponse
-from ninja import File, Form, Router, UploadedFile
+from ninja import File, Form, Router, Schema, UploadedFile
 
 from adapters import selectors, services
 from adapters.schemas import LoadRequest, UnloadRequest, adapter_detail_out, adapter_out
@@ -55,8 +55,10 @@ def _active_name() -> str | None:
 
 @router.get("", summary="List adapters, newest first (status, active, lineage parent, producing job)")
 def list_adapters(request):
-    active = _active_name()
-    return [adapter_out(a, active_name=active) for a in selectors.adapter_list()]
+    from adapters.serving.selectors import resident_adapters
+
+    active, resident = _active_name(), resident_adapters()
+    return [adapter_out(a, active_name=active, resident=resident) for a in selectors.adapter_list()]
 
 
 @router.post("/upload", summary="Upload a PEFT LoRA adapter (multipart name + archive, a tar.gz)")
@@ -83,6 +85,24 @@ def load_adapter(request, body: LoadRequest):
     return adapter_out(adapter, active_name=_active_name())
 
 
+class ActivateRequest(Schema):
+    reason: str = ""
+
+
+@router.post("/{name}/activate", response={202: dict},
+             summary="Make an adapter (e.g. an earlier one: a rollback) the active one, as a promotion")
+def activate_adapter(request, name: str, body: ActivateRequest):
+    """A promotion like any other (same record, same approval rule): pending for a reviewer when
+    [promotion] require_approval is on or an alarm fired; otherwise approved at once, and its
+    activation job runs the serving canary and applies it (poll GET /v1/promotions/{id})."""
+    from adapters.promotions import promotion_for_activation, promotion_out
+
+    require_permission(request, "submit_job")
+    _get_or_404(name)
+    promotion = promotion_for_activation(name=name, user=request.user, reason=body.reason)
+    return 202, promotion_out(promotion, detail=True)
+
+
 @router.post("/unload", summary="Stop serving an adapter (it stays published)")
 def unload_adapter(request, body: UnloadRequest):
     require_permission(request, "submit_job")
@@ -93,7 +113,9 @@ def unload_adapter(request, body: UnloadRequest):
 
 @router.get("/{name}", summary="One adapter")
 def get_adapter(request, name: str):
-    return adapter_out(_get_or_404(name), active_name=_active_name())
+    from adapters.serving.selectors import resident_adapters
+
+    return adapter_out(_get_or_404(name), active_name=_active_name(), resident=resident_adapters())
 
 
 @router.delete("/{name}", summary="Delete an adapter: its folder and checkpoints (receipts and history stay)")
@@ -105,7 +127,9 @@ def delete_adapter(request, name: str, reason: str = ""):
 
 @router.get("/{name}/detail", summary="Files, history, training job, evaluations, lineage and receipts")
 def adapter_detail(request, name: str):
-    return adapter_detail_out(_get_or_404(name), active_name=_active_name())
+    from adapters.serving.selectors import resident_adapters
+
+    return adapter_detail_out(_get_or_404(name), active_name=_active_name(), resident=resident_adapters())
 
 
 @router.get("/{name}/receipt", summary="The adapter's train_receipt.json")

@@ -22,6 +22,9 @@ class Adapter(models.Model):
     training_job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL,
                                      related_name="adapters")
     loaded = models.BooleanField(default=False)  # activated for serving (auto_load or promotion)
+    # A serving canary failed on it (adapters.canary): never activated again without allow_quarantined.
+    quarantined = models.BooleanField(default=False)
+    canary = models.JSONField(null=True, blank=True)  # the last serving canary's record (kiln.serving-canary.v1)
     created_at = models.DateTimeField(auto_now_add=True)
     published_at = models.DateTimeField(null=True, blank=True)
 
@@ -38,6 +41,7 @@ class AdapterStatus(models.TextChoices):
     WRITING = "writing"  # reserved; a training job is writing it
     AVAILABLE = "available"  # published, on disk, not active
     ACTIVE = "active"  # published and active for serving (`loaded`)
+    QUARANTINED = "quarantined"  # a serving canary failed on it; loading it needs allow_quarantined
     FAILED = "failed"  # its training failed, or a gate demoted it
     DELETED = "deleted"  # removed by hand (its receipts stay)
 
@@ -78,7 +82,7 @@ class AdapterTransition(models.Model):
 
 class PromotionState(models.TextChoices):
     PENDING = "pending"  # waits for a person holding jobs.approve_promotion
-    APPROVED = "approved"  # decided, not applied yet (a transient state inside the approving transaction)
+    APPROVED = "approved"  # decided; its activation job runs the serving canary, then applies it (or fails)
     REJECTED = "rejected"
     APPLIED = "applied"  # the candidate became the active adapter
     SUPERSEDED = "superseded"  # another promotion for the same incumbent was applied first
@@ -107,6 +111,8 @@ class Promotion(models.Model):
                                    related_name="promotions_decided")
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)  # the decision's reason (or why it was superseded or failed)
+    activation_job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="activated_promotions")
 
     class Meta:
         ordering = ["-requested_at", "-id"]

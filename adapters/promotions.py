@@ -1,7 +1,8 @@
 """Promotions (issue 13): a request to make a candidate adapter the active one, decided by a person.
 
     promotion_request(candidate="math-r002", user=alice, reason="round two")    # pending
-    promotion_approve(promotion_id=p.id, user=bob, reason="better on held-out")  # applied: active
+    promotion_approve(promotion_id=p.id, user=bob, reason="better on held-out")  # approved: canary runs
+    # ... its adapter.activate job: canary passed -> applied (active); failed or died -> failed
     promotion_reject(promotion_id=p.id, user=bob, reason="alarm is real")        # rejected
 
 Policy (`[promotion]` in kiln.toml, `settings.KILN`): `require_approval` (default: on whenever more
@@ -28,7 +29,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from adapters.models import Adapter, AdapterState, AdapterStatus, Promotion, PromotionState
+from adapters.models import Adapter, AdapterState, Promotion, PromotionState
 from adapters.promotion_evidence import promotion_alarms, promotion_evidence, reward_trend  # noqa: F401 (re-exported)
 from core.canonical import json_digest
 from core.errors import KilnError
@@ -37,7 +38,6 @@ from core.receipts import receipt_record
 
 PROMOTION_SCHEMA = "kiln.promotion.v1"
 APPROVAL_SCHEMA = "kiln.promotion-approval.v1"
-ACTIVATION_SCHEMA = "kiln.adapter-activation.v1"
 APPROVE_PERMISSION = "jobs.approve_promotion"
 
 
@@ -152,49 +152,50 @@ def _claim(promotion_id: int, to_state: str, user, reason: str) -> tuple[int, Pr
     return claimed, promotion
 
 
-def _decision_receipt(promotion: Promotion, *, decision: str, user, reason: str, override: bool) -> Receipt:
+def _decision_receipt(promotion: Promotion, *, decision: str, user, reason: str, override: bool,
+                      policy: str | None = None) -> Receipt:
     return receipt_record(kind=ReceiptKind.APPROVAL, subject=promotion.candidate, job=promotion.job, body={
         "schema": APPROVAL_SCHEMA, "promotion_id": promotion.id, "candidate": promotion.candidate,
         "candidate_content_sha256": promotion.content_sha256, "incumbent": promotion.incumbent,
         "evidence_sha256": promotion.evidence_sha256, "decision": decision, "override": override,
         "alarms": list(promotion.alarms or []), "actor": _username(user), "reason": reason,
-        "decided_at": (promotion.decided_at or timezone.now()).isoformat()})
+        "decided_at": (promotion.decided_at or timezone.now()).isoformat(), **({"policy": policy} if policy else {})})
 
 
-def _make_active(promotion: Promotion, user, reason: str) -> Adapter:
-    """Activate the candidate and stop serving whatever would still win over it (a rollback to an
-    older adapter unloads the newer ones), with an activation receipt row the verifier reads."""
+def _candidate_problem(promotion: Promotion) -> str | None:
+    candidate = Adapter.objects.select_for_update().filter(name=promotion.candidate).first()
+    if candidate is None or candidate.state != AdapterState.PUBLISHED:
+        return f"the candidate {promotion.candidate!r} is no longer published"
+    if candidate.content_sha256 != promotion.content_sha256:
+        return (f"the candidate's content is now {candidate.content_sha256}, the promotion was for "
+                f"{promotion.content_sha256}")
+    return None
+
+
+def _stale_problem(promotion: Promotion) -> str | None:
     from adapters.selectors import adapter_active
-    from adapters.services import adapter_activate, transition_record
 
-    why = f"promotion {promotion.id} approved: {reason}"
-    adapter = adapter_activate(name=promotion.candidate, actor=user, reason=why, job=promotion.job)
-    for _ in range(64):
-        active = adapter_active()
-        if active is None or active.name == promotion.candidate:
-            break
-        Adapter.objects.filter(id=active.id).update(loaded=False)
-        transition_record(name=active.name, from_state=AdapterStatus.ACTIVE, to_state=AdapterStatus.AVAILABLE,
-                          actor=user, content_sha256=active.content_sha256,
-                          reason=f"replaced by {promotion.candidate} (promotion {promotion.id})")
-    gate = (promotion.evidence or {}).get("gate") or {}
-    body = {"schema": ACTIVATION_SCHEMA, "adapter": promotion.candidate, "reason": why,
-            "content_sha256": adapter.content_sha256, "actor": _username(user), "promotion_id": promotion.id,
-            "activated_at": timezone.now().isoformat()}
-    if gate.get("outcome") == "promoted":
-        body.update(gate_outcome="promoted", eval_job_id=gate.get("eval_job_id"),
-                    training_job_id=(promotion.evidence or {}).get("training_job_id"))
-    receipt_record(kind=ReceiptKind.ACTIVATION, subject=promotion.candidate, job=promotion.job, body=body)
-    return adapter
+    active = adapter_active()
+    if (active.name if active else None) != promotion.incumbent:
+        return (f"it was requested against {promotion.incumbent or 'the base model'}, but "
+                f"{active.name if active else 'the base model'} is active now")
+    return None
+
+
+def _start_activation(promotion: Promotion, user, reason: str) -> None:
+    """Queue the canary and activation (adapters.activation); it applies the promotion or fails it."""
+    from adapters.activation import activation_submit
+
+    job = activation_submit(name=promotion.candidate, reason=f"promotion {promotion.id} approved: {reason}",
+                            promotion=promotion, actor=user)
+    Promotion.objects.filter(id=promotion.id).update(activation_job=job)
 
 
 def promotion_approve(*, promotion_id: int, user, reason: str) -> Promotion:
-    """Approve and apply a pending promotion: the candidate becomes active, once."""
-    from adapters.selectors import adapter_active
-
+    """Approve a pending promotion: it is `approved` while the serving canary runs in its activation job,
+    then `applied` (the candidate is active) or `failed` (the reason says why; nothing changed)."""
     reason = _require_reason(reason)
     _require_approver(user)
-    failure = None
     with transaction.atomic():
         _, promotion = _claim(promotion_id, PromotionState.APPROVED, user, reason)
         if promotion.requested_by_id == user.pk and not self_approval_allowed():
@@ -202,35 +203,79 @@ def promotion_approve(*, promotion_id: int, user, reason: str) -> Promotion:
                             "reviewer must approve it", status=403,
                             hint="ask another user with jobs.approve_promotion, or set [promotion] "
                                  "allow_self_approval = true")
-        active = adapter_active()
-        if (active.name if active else None) != promotion.incumbent:
-            raise KilnError("promotion_stale", f"promotion {promotion_id} was requested against "
-                            f"{promotion.incumbent or 'the base model'}, but {active.name if active else 'the base model'}"
-                            " is active now", status=409,
+        stale = _stale_problem(promotion)
+        if stale:
+            raise KilnError("promotion_stale", f"promotion {promotion_id} is stale: {stale}", status=409,
                             hint="reject it and request a new promotion against the current adapter")
-        candidate = Adapter.objects.select_for_update().filter(name=promotion.candidate).first()
-        if candidate is None or candidate.state != AdapterState.PUBLISHED:
-            failure = f"the candidate {promotion.candidate!r} is no longer published"
-        elif candidate.content_sha256 != promotion.content_sha256:
-            failure = (f"the candidate's content is now {candidate.content_sha256}, the promotion was for "
-                       f"{promotion.content_sha256}")
-        override = bool(promotion.alarms)
+        failure = _candidate_problem(promotion)
         if failure is None:
-            _make_active(promotion, user, reason)
-            promotion.state = PromotionState.APPLIED
-            Promotion.objects.filter(id=promotion.id).update(state=PromotionState.APPLIED)
-            Promotion.objects.filter(state=PromotionState.PENDING, incumbent=promotion.incumbent).exclude(
-                id=promotion.id).update(state=PromotionState.SUPERSEDED, decided_at=timezone.now(),
-                                        reason=f"superseded by promotion {promotion.id}")
+            _start_activation(promotion, user, reason)
         else:
             promotion.state = PromotionState.FAILED
             Promotion.objects.filter(id=promotion.id).update(state=PromotionState.FAILED,
                                                              reason=f"{reason} (failed: {failure})")
-        _decision_receipt(promotion, decision="approved", user=user, reason=reason, override=override)
+        _decision_receipt(promotion, decision="approved", user=user, reason=reason, override=bool(promotion.alarms))
     if failure is not None:
         raise KilnError("promotion_failed", f"promotion {promotion_id} could not be applied: {failure}", status=409,
                         hint="the promotion is recorded failed; request a new one")
     return Promotion.objects.get(id=promotion_id)
+
+
+def promotion_apply(*, promotion_id: int, canary: dict, job=None) -> Promotion:
+    """The activation job's canary passed: apply the approved promotion, once, unless the world moved on
+    meanwhile (the incumbent changed, the candidate's bytes changed): then it fails with the reason."""
+    from adapters.activation import make_active
+
+    with transaction.atomic():
+        promotion = Promotion.objects.select_for_update().select_related("decided_by").filter(id=promotion_id).first()
+        if promotion is None:
+            raise _not_found(promotion_id)
+        if promotion.state != PromotionState.APPROVED:
+            return promotion
+        problem = _stale_problem(promotion) or _candidate_problem(promotion)
+        if problem:
+            Promotion.objects.filter(id=promotion.id).update(state=PromotionState.FAILED,
+                                                             reason=f"{promotion.reason} (failed: {problem})")
+            return Promotion.objects.get(id=promotion_id)
+        evidence = promotion.evidence or {}
+        gate = evidence.get("gate") or {}
+        extra = {"promotion_id": promotion.id, "activation_job_id": str(job.uuid) if job is not None else None}
+        if gate.get("outcome") == "promoted":
+            extra.update(gate_outcome="promoted", eval_job_id=gate.get("eval_job_id"),
+                         training_job_id=evidence.get("training_job_id"))
+        make_active(name=promotion.candidate, actor=promotion.decided_by, job=promotion.job, canary=canary,
+                    reason=f"promotion {promotion.id} approved: {promotion.reason}", receipt_extra=extra)
+        Promotion.objects.filter(id=promotion.id).update(state=PromotionState.APPLIED)
+        Promotion.objects.filter(state=PromotionState.PENDING, incumbent=promotion.incumbent).exclude(
+            id=promotion.id).update(state=PromotionState.SUPERSEDED, decided_at=timezone.now(),
+                                    reason=f"superseded by promotion {promotion.id}")
+    return Promotion.objects.get(id=promotion_id)
+
+
+def promotion_fail(*, promotion_id: int, reason: str) -> bool:
+    """An approved promotion could not be applied (its canary failed or could not run, its job died)."""
+    promotion = Promotion.objects.filter(id=promotion_id).first()
+    if promotion is None:
+        return False
+    return bool(Promotion.objects.filter(id=promotion_id, state=PromotionState.APPROVED).update(
+        state=PromotionState.FAILED, reason=f"{promotion.reason} (failed: {reason})"))
+
+
+def promotion_for_activation(*, name: str, user, reason: str = "") -> Promotion:
+    """`POST /v1/adapters/{name}/activate` (a rollback, or any change of the active adapter) is a
+    promotion like any other: with the approval policy on, or an alarm, it waits pending for a reviewer;
+    without, the request is its own approval and the activation job starts at once."""
+    reason = (reason or "").strip() or f"activate {name} by hand"
+    promotion = promotion_request(candidate=name, user=user, reason=reason)
+    if approval_required() or promotion.alarms:
+        return promotion
+    with transaction.atomic():
+        _, promotion = _claim(promotion.id, PromotionState.APPROVED, user,
+                              f"{reason} (no approval required: [promotion] require_approval is off)")
+        _start_activation(promotion, user, reason)
+        _decision_receipt(promotion, decision="approved", user=user, reason=promotion.reason, override=False,
+                          policy="approval_not_required")
+    return Promotion.objects.get(id=promotion.id)
 
 
 def promotion_reject(*, promotion_id: int, user, reason: str) -> Promotion:
@@ -245,7 +290,7 @@ def promotion_reject(*, promotion_id: int, user, reason: str) -> Promotion:
 # -- selectors -------------------------------------------------------------------------------------
 
 def promotion_list(*, state: str | None = None):
-    rows = Promotion.objects.select_related("requested_by", "decided_by", "job")
+    rows = Promotion.objects.select_related("requested_by", "decided_by", "job", "activation_job")
     return rows.filter(state=state) if state else rows
 
 
@@ -272,7 +317,8 @@ def promotion_out(promotion: Promotion, *, detail: bool = False) -> dict:
            "requested_at": promotion.requested_at, "request_reason": promotion.request_reason,
            "decided_by": promotion.decided_by.username if promotion.decided_by_id else None,
            "decided_at": promotion.decided_at, "reason": promotion.reason,
-           "job_id": str(promotion.job.uuid) if promotion.job_id else None}
+           "job_id": str(promotion.job.uuid) if promotion.job_id else None,
+           "activation_job_id": str(promotion.activation_job.uuid) if promotion.activation_job_id else None}
     if detail:
         out["evidence"] = promotion.evidence
         out["receipts"] = [{"kind": r.kind, "sha256": r.sha256, "created_at": r.created_at,

@@ -10,7 +10,7 @@ from core.receipts import receipt_latest
 
 class LoadRequest(Schema):
     name: str
-    allow_quarantined: bool = False  # the reference's override for a failed canary (none exist yet)
+    allow_quarantined: bool = False  # load even though a serving canary quarantined it
     reason: str = ""
 
 
@@ -19,9 +19,17 @@ class UnloadRequest(Schema):
     reason: str = ""
 
 
-def adapter_out(adapter, *, active_name: str | None = None) -> dict:
-    """One registry row. `status` is writing | available | active | failed (`active` means loaded);
-    `active` says whether it is the adapter served by default now (the newest active one)."""
+def canary_summary(canary: dict | None) -> dict | None:
+    if not isinstance(canary, dict):
+        return None
+    return {"passed": canary.get("passed"), "at": canary.get("at"), "sha256": canary.get("sha256"),
+            "reasons": list(canary.get("reasons") or [])}
+
+
+def adapter_out(adapter, *, active_name: str | None = None, resident: set[str] | None = None) -> dict:
+    """One registry row. `status` is writing | available | active | quarantined | failed; `active` says
+    whether it is the adapter served by default now; `resident` whether a GPU worker holds it in memory
+    (the `loaded` state of the issue; `loaded` itself stays the activation flag, as the guide names it)."""
     from adapters.selectors import adapter_status
 
     receipt = receipt_latest(kind=ReceiptKind.TRAIN, subject=adapter.name)
@@ -36,6 +44,9 @@ def adapter_out(adapter, *, active_name: str | None = None) -> dict:
         "base_model_sha256": adapter.base_model_sha256 or None,
         "base_adapter": adapter.base_adapter or None,
         "loaded": adapter.loaded,
+        "quarantined": adapter.quarantined,
+        "canary": canary_summary(adapter.canary),
+        "resident": None if resident is None else adapter.name in resident,
         "training_job_id": str(job.uuid) if job else None,
         "training_job_state": job.state if job else None,
         "created_at": adapter.created_at,
@@ -44,11 +55,12 @@ def adapter_out(adapter, *, active_name: str | None = None) -> dict:
     }
 
 
-def adapter_detail_out(adapter, *, active_name: str | None = None) -> dict:
+def adapter_detail_out(adapter, *, active_name: str | None = None, resident: set[str] | None = None) -> dict:
     from adapters import selectors
 
     return {
-        **adapter_out(adapter, active_name=active_name),
+        **adapter_out(adapter, active_name=active_name, resident=resident),
+        "canary_record": adapter.canary,
         "files": selectors.adapter_files_detail(adapter=adapter),
         "transitions": [selectors.transition_out(t) for t in selectors.adapter_transitions(name=adapter.name)],
         "training_job": selectors.job_summary(adapter.training_job if adapter.training_job_id else None),

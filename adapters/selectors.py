@@ -45,14 +45,16 @@ def adapter_active(*, excluding: str | None = None) -> Adapter | None:
 
 
 def adapter_status(adapter: Adapter) -> str:
-    """writing | available | active | failed: `active` is the `loaded` flag; `failed` is a reservation
-    whose training job ended without publishing (its release is pending)."""
+    """writing | available | active | quarantined | failed: `active` is the `loaded` flag; `quarantined`
+    a failed serving canary; `failed` a reservation whose training job ended without publishing."""
     if adapter.state == AdapterState.WRITING:
         job = adapter.training_job
         if job is not None and job.state in (JobState.FAILED, JobState.CANCELLED):
             return AdapterStatus.FAILED
         return AdapterStatus.WRITING
-    return AdapterStatus.ACTIVE if adapter.loaded else AdapterStatus.AVAILABLE
+    if adapter.loaded:
+        return AdapterStatus.ACTIVE
+    return AdapterStatus.QUARANTINED if adapter.quarantined else AdapterStatus.AVAILABLE
 
 
 def adapter_transitions(*, name: str) -> list[AdapterTransition]:

@@ -183,25 +183,21 @@ def _busy(adapter: Adapter, verb: str) -> KilnError:
 
 
 def adapter_load(*, name: str, actor=None, allow_quarantined: bool = False, reason: str = "") -> Adapter:
-    """Activate a published adapter for serving, by hand (POST /v1/adapters/load).
-
-    `allow_quarantined` is accepted for the reference's contract; nothing is quarantined until the
-    serving canary exists, so it changes nothing yet."""
-    from core.models import ReceiptKind
-    from core.receipts import receipt_record
+    """Make a published adapter the active one, by hand (POST /v1/adapters/load): the serving canary
+    runs first (adapters.activation); a failure quarantines it (500 adapter_load_failed), a quarantined
+    adapter needs allow_quarantined (409 adapter_quarantined), no GPU worker answers 503."""
+    from adapters.activation import activate_with_canary
 
     check_activation_right(actor)
-    with transaction.atomic():
-        adapter = _locked(name)
-        if adapter.state == AdapterState.WRITING:
-            raise _busy(adapter, "loaded")
-        if adapter.loaded:
-            return adapter
-        adapter = adapter_activate(name=name, actor=actor, reason=reason or "loaded by hand")
-        receipt_record(kind=ReceiptKind.ACTIVATION, subject=name, body={
-            "schema": ACTIVATION_SCHEMA, "adapter": name, "reason": reason or "loaded by hand",
-            "content_sha256": adapter.content_sha256, "actor": getattr(_actor(actor), "username", None),
-            "allow_quarantined": bool(allow_quarantined), "activated_at": timezone.now().isoformat()})
+    adapter = Adapter.objects.select_related("training_job").filter(name=name).first()
+    if adapter is None:
+        raise _not_found(name)
+    if adapter.state == AdapterState.WRITING:
+        raise _busy(adapter, "loaded")
+    if adapter.loaded:
+        return adapter
+    adapter, _ = activate_with_canary(name=name, actor=_actor(actor), reason=reason or "loaded by hand",
+                                      allow_quarantined=allow_quarantined)
     return adapter
 
 

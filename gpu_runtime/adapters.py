@@ -51,6 +51,10 @@ class AdapterManager:
     def model(self):
         return self._peft if self._peft is not None else self._loaded.model
 
+    def resident_names(self) -> list[str]:
+        """The adapters loaded in memory now (the registry's `loaded` state), least recently used first."""
+        return list(self._by_name)
+
     def resolve(self, name: str | None, *, in_use: set[str]) -> AdapterHandle | None:
         """The handle for adapter `name` (loading it if new or changed on disk); None for the base model."""
         if name in BASE_NAMES:

@@ -157,6 +157,9 @@ class Sampler:
                 decoded = True
             return admitted or prefilled or decoded
 
+    def resident_adapters(self) -> list[str]:
+        return self._adapters.resident_names()
+
     def fail_all(self, error: Exception) -> None:
         with self._step_lock:
             while True:

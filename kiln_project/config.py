@@ -6,6 +6,7 @@ Pure module (no Django import): settings.py, the CLI and the workers all read th
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -53,6 +54,12 @@ class KilnConfig:
     promotion_require_approval: bool | None = None
     # [promotion] allow_self_approval: the requester of a promotion may approve it too.
     promotion_allow_self_approval: bool = False
+    # [promotion] reward-hacking alarm bounds (adapters.promotion_evidence.promotion_alarms explains the
+    # defaults): the KL to the reference (nats per action token, last-quarter mean of the run), and the
+    # candidate / incumbent mean completion length on the held-out eval.
+    promotion_max_kl_to_reference: float = 0.5
+    promotion_min_length_ratio: float = 0.5
+    promotion_max_length_ratio: float = 2.0
 
     @property
     def dataset_roots(self) -> tuple[Path, ...]:
@@ -207,7 +214,32 @@ def load_config(env: dict | None = None) -> KilnConfig:
                                                   "require_approval", None),
         promotion_allow_self_approval=bool(_optional_bool(env, "KILN_PROMOTION_ALLOW_SELF_APPROVAL", promotion_toml,
                                                           "allow_self_approval", False)),
+        **_promotion_bounds(env, promotion_toml),
     )
+
+
+def _positive_float(env: dict, name: str, table: dict, key: str, default: float) -> float:
+    """An environment variable wins over the kiln.toml key; neither: the default. Finite and > 0."""
+    value = env[name] if name in env else table.get(key, default)
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"[promotion] {key} ({name}) must be a number, not {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(f"[promotion] {key} ({name}) must be a finite number above 0, not {value!r}")
+    return number
+
+
+def _promotion_bounds(env: dict, table: dict) -> dict:
+    """[promotion] max_kl_to_reference, min_length_ratio (at most 1), max_length_ratio (at least 1)."""
+    bounds = {f"promotion_{key}": _positive_float(env, f"KILN_PROMOTION_{key.upper()}", table, key, default)
+              for key, default in (("max_kl_to_reference", 0.5), ("min_length_ratio", 0.5),
+                                   ("max_length_ratio", 2.0))}
+    if bounds["promotion_min_length_ratio"] > 1 or bounds["promotion_max_length_ratio"] < 1:
+        raise ConfigError("[promotion] min_length_ratio must be at most 1 and max_length_ratio at least 1")
+    return bounds
 
 
 def _optional_bool(env: dict, name: str, table: dict, key: str, default: bool | None) -> bool | None:

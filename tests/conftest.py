@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from tests.support.stack import Stack
+# The Triton kernels' CPU check runs under the interpreter, which triton chooses when it is first
+# imported (transformers imports it): this must come before any other import (tests/gpu_runtime/kernels).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from tests.support.stack import Stack  # noqa: E402
 
 
 @pytest.fixture
@@ -35,6 +41,17 @@ def _fresh_cache():
 
     cache.clear()
     yield
+
+
+@pytest.fixture
+def canary_worker(monkeypatch):
+    """The serving canary answered by a stand-in GPU worker (tests/support/canary.py)."""
+    from adapters import canary
+    from tests.support.canary import StandInWorker
+
+    worker = StandInWorker()
+    monkeypatch.setattr(canary, "_complete", worker)
+    return worker
 
 
 @pytest.fixture(scope="session")

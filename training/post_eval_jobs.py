@@ -38,7 +38,6 @@ from core.receipts import receipt_record
 
 POLL_SECONDS = 0.5
 GATE_SCHEMA = "kiln.post-eval-gate.v1"
-ACTIVATION_SCHEMA = "kiln.adapter-activation.v1"
 KIND = "training.post_eval"
 
 
@@ -142,22 +141,18 @@ def _error_evidence(payload: PostEvalJobPayload, eval_job_id: str | None, reason
 
 def _apply(ctx, payload: PostEvalJobPayload, outcome: str, evidence: dict | None, eval_job_id: str | None,
            verdict: str) -> dict:
+    """Record the gate, then act on it: `promoted` activates through the serving canary (or proposes a
+    promotion when the policy asks for a person, or an alarm fired), `demoted` retires the adapter."""
+    from adapters.activation import activate_with_canary
     from adapters.promotions import promotion_after_gate
-    from adapters.services import adapter_activate, adapter_demote
+    from adapters.services import adapter_demote
 
-    activated_at = demoted_to = promotion = None
+    activated_at = demoted_to = promotion = activation_error = canary = None
     with transaction.atomic():
         if outcome == "promoted":
             # [promotion] require_approval, or a reward-hacking alarm: propose; a person approves.
             promotion = promotion_after_gate(candidate=payload.adapter_name, evidence=evidence, job=ctx.job,
                                              user=ctx.job.submitted_by)
-        if outcome == "promoted" and promotion is None:
-            adapter_activate(name=payload.adapter_name, reason="post_eval gate passed", job=ctx.job)
-            activated_at = timezone.now().isoformat()
-            receipt_record(kind=ReceiptKind.ACTIVATION, subject=payload.adapter_name, job=ctx.job, body={
-                "schema": ACTIVATION_SCHEMA, "adapter": payload.adapter_name, "reason": "post_eval gate passed",
-                "gate_outcome": outcome, "training_job_id": payload.training_job_id,
-                "eval_job_id": eval_job_id, "activated_at": activated_at})
         elif outcome == "demoted":
             moved = adapter_demote(name=payload.adapter_name, reason="post_eval gate: demoted below the floor",
                                    job=ctx.job)
@@ -165,9 +160,20 @@ def _apply(ctx, payload: PostEvalJobPayload, outcome: str, evidence: dict | None
         if evidence is not None:
             receipt_record(kind=ReceiptKind.POST_EVAL_GATE, subject=payload.adapter_name, job=ctx.job, body={
                 "schema": GATE_SCHEMA, "training_job_id": payload.training_job_id, "evidence": evidence})
+    if outcome == "promoted" and promotion is None:
+        try:
+            _, canary = activate_with_canary(
+                name=payload.adapter_name, reason="post_eval gate passed", job=ctx.job,
+                receipt_extra={"gate_outcome": outcome, "training_job_id": payload.training_job_id,
+                               "eval_job_id": eval_job_id})
+            activated_at = timezone.now().isoformat()
+        except KilnError as exc:  # the canary failed (quarantined) or could not run: the previous adapter stays
+            activation_error = {"code": exc.code, "message": exc.message}
+            ctx.log("not activated", activation_error)
     return {"gate_outcome": outcome, "post_eval_gate_evidence": [evidence] if evidence else [],
             "post_eval_verdict": verdict, "linked_eval_job_ids": [eval_job_id] if eval_job_id else [],
             "evaluated_at": timezone.now().isoformat(), "activated_at": activated_at,
+            "activation_error": activation_error, "canary_sha256": canary["sha256"] if canary else None,
             "demoted_to": demoted_to, "adapter_name": payload.adapter_name,
             "promotion_id": promotion.id if promotion is not None else None,
             "promotion_alarms": list(promotion.alarms or []) if promotion is not None else []}

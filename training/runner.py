@@ -123,9 +123,10 @@ def run_grpo_job(ctx) -> dict:
             name=name, path=result.adapter_path,
             content_sha256=content_digest,
             base_model_sha256=(receipt.get("model") or {}).get("base_model_sha256", ""),
-            loaded=bool(config.auto_load and smoke_passed and not gate_pending),
+            loaded=False,  # activation is its own decision, after the serving canary (adapters.activation)
         )
         receipt_record(kind=ReceiptKind.TRAIN, subject=name, body=receipt, job=ctx.job)
+        activation = _auto_load(ctx.job, name) if config.auto_load and smoke_passed and not gate_pending else {}
         post_eval_job = None
         if payload.post_eval is not None:
             from training.post_eval_jobs import post_eval_submit
@@ -133,5 +134,22 @@ def run_grpo_job(ctx) -> dict:
             post_eval_job = post_eval_submit(training_job=ctx.job, adapter_name=name, post_eval=payload.post_eval,
                                              suite_hash=payload.post_eval_suite_hash or "",
                                              auto_load=bool(config.auto_load and smoke_passed))
-    return {**summary, "adapter_path": str(result.adapter_path), "loaded": adapter.loaded,
+    return {**summary, "adapter_path": str(result.adapter_path), "loaded": adapter.loaded, **activation,
             "post_eval_job_id": str(post_eval_job.uuid) if post_eval_job else None}
+
+
+def _auto_load(job, name: str) -> dict:
+    """auto_load without a gate: queue the serving canary and activation; with the approval policy on,
+    or a reward-hacking alarm on the train receipt alone (e.g. KL), propose a promotion instead."""
+    from adapters.activation import activation_submit
+    from adapters.models import Adapter
+    from adapters.promotions import approval_required, promotion_alarms, promotion_evidence, promotion_request
+
+    alarms = promotion_alarms(promotion_evidence(adapter=Adapter.objects.get(name=name)))
+    if approval_required() or alarms:
+        why = "[promotion] require_approval is on" if not alarms else "flagged: " + "; ".join(alarms)
+        promotion = promotion_request(candidate=name, user=job.submitted_by, job=job,
+                                      reason=f"auto_load after training ({why})")
+        return {"promotion_id": promotion.id}
+    activation = activation_submit(name=name, reason="auto_load after training (no gate)", job=job)
+    return {"activation_job_id": str(activation.uuid)}

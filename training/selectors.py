@@ -45,9 +45,28 @@ def post_eval_state(job: Job) -> dict:
         "evaluation": None if evaluation is None else {
             "job_id": str(evaluation.uuid), "state": evaluation.state, "outcome": result.get("gate_outcome"),
             "at": evaluation.finished_at, "error": evaluation.error_code or None},
-        "activation": {"active": bool(adapter and adapter.loaded), "at": result.get("activated_at"),
-                       "demoted_to": result.get("demoted_to")},
+        "activation": _activation_state(job, adapter, result),
     }
+
+
+def _activation_state(job: Job, adapter, post_eval_result: dict) -> dict:
+    """Whether the adapter serves now, and what decides it: the post-eval's inline canary, an auto_load
+    activation job (its canary), or a promotion waiting for a reviewer."""
+    result = job.result or {}
+    activation_job = Job.objects.filter(uuid=result["activation_job_id"]).first() \
+        if result.get("activation_job_id") else None
+    at = post_eval_result.get("activated_at")
+    if at is None and activation_job is not None and (activation_job.result or {}).get("activated"):
+        at = activation_job.finished_at
+    return {"active": bool(adapter and adapter.loaded), "at": at, "demoted_to": post_eval_result.get("demoted_to"),
+            "quarantined": bool(adapter and adapter.quarantined),
+            "error": post_eval_result.get("activation_error") or (
+                {"code": activation_job.error_code or (activation_job.result or {}).get("code"),
+                 "message": activation_job.error_message or (activation_job.result or {}).get("message")}
+                if activation_job is not None and not (activation_job.result or {}).get("activated")
+                and activation_job.state in ("completed", "failed", "cancelled") else None),
+            "activation_job_id": result.get("activation_job_id"),
+            "promotion_id": result.get("promotion_id") or post_eval_result.get("promotion_id")}
 
 
 def _gate_fields(job: Job) -> dict:
@@ -112,6 +131,7 @@ def training_detail(job: Job) -> dict:
         "auto_load": payload.config.auto_load,
         "linked_eval_job_ids": _linked_eval_job_ids(job),
         "post_eval_job_id": job.result.get("post_eval_job_id"),
+        "activation_job_id": job.result.get("activation_job_id"),
         "states": post_eval_state(job),
         "loss_history": job.metrics.get("loss_history", []),
         "reward_history": job.metrics.get("reward_history", []),

@@ -28,6 +28,9 @@ async def _start(body: ChatCompletionRequest) -> str:
     require_profile_allows("inference")
     check_caps(body)
     await sync_to_async(selectors.require_inference_ready)()
+    if body.adapter is None:
+        # No adapter named: serve the registry's active adapter ("base" or "" asks for the base model).
+        body.adapter = await sync_to_async(selectors.default_adapter)()
     request_id = uuid.uuid4().hex
     from adapters.serving.tasks import run_chat_completion
 

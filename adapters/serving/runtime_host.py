@@ -188,6 +188,7 @@ def chat_completion(body, *, emit=None) -> dict:
         for handle in handles:
             handle.cancel()
         raise KilnError(exc.code, exc.message, status=_STATUS.get(exc.code, 500)) from None
+    set_worker_status(resident_adapters=host.sampler.resident_adapters())  # the heartbeat carries it
     choices = [_choice(i, r, messages=messages, with_provenance=body.rollout_provenance) for i, r in enumerate(results)]
     usage = {key: sum(r.usage.get(key, 0) for r in results)
              for key in ("prompt_tokens", "completion_tokens", "total_tokens")}

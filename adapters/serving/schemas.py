@@ -83,7 +83,7 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float = Field(0.0, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
     frequency_penalty: float = Field(0.0, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
     repetition_penalty: float = Field(1.0, gt=0.0, le=REPETITION_PENALTY_MAX)
-    adapter: str | None = None
+    adapter: str | None = None  # None: the active adapter (the registry says which); "base": the base model
     chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
     thinking_budget_tokens: int | None = Field(None, ge=1)
     rollout_provenance: bool = False

@@ -40,6 +40,23 @@ def served_models() -> list[dict]:
     return models
 
 
+def resident_adapters() -> set[str]:
+    """The adapters a live GPU worker holds in memory (its heartbeat's `resident_adapters`)."""
+    names = set()
+    for worker in _inference_workers():
+        names.update(n for n in worker.status.get("resident_adapters") or [] if isinstance(n, str))
+    return names
+
+
+def default_adapter() -> str:
+    """What a chat completion without `adapter` is served with: the active adapter, else the base model.
+    Read per request from the registry, so a GPU worker serves what the registry says after a restart too."""
+    from adapters.selectors import adapter_active
+
+    active = adapter_active()
+    return active.name if active is not None else "base"
+
+
 def served_model_identity() -> dict | None:
     """The identity (base weights, tokenizer, template digests) of the model a live GPU worker loaded."""
     for worker in _inference_workers():

@@ -1,5 +1,5 @@
-"""`kiln adapters list|show|download|upload|load|unload|delete` (and `verify`, from adapters_verify_cmd):
-client commands over /v1/adapters."""
+"""`kiln adapters list|show|download|upload|load|unload|activate|delete` (and `verify`, from
+adapters_verify_cmd): client commands over /v1/adapters."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ def add_parser(subparsers, common) -> None:
     upload = sub.add_parser("upload", parents=[common], help="upload a PEFT LoRA adapter (a tar.gz) as NAME")
     upload.add_argument("name")
     upload.add_argument("archive", type=Path)
-    for verb, text in (("load", "activate an adapter for serving"), ("unload", "stop serving an adapter"),
+    for verb, text in (("load", "activate an adapter for serving now (after its serving canary)"),
+                       ("unload", "stop serving an adapter"),
+                       ("activate", "make an adapter (e.g. an earlier one: a rollback) active through a promotion"),
                        ("delete", "delete an adapter and its checkpoints (its receipts stay)")):
         command = sub.add_parser(verb, parents=[common], help=text)
         command.add_argument("name")
@@ -139,10 +141,21 @@ def run(args) -> int:
         print_json(result) if args.json else print(f"deleted {result['name']} "
                                                    f"({len(result.get('removed') or [])} folder(s) removed)")
         return 0
+    if command == "activate":
+        promotion = client.post(f"/v1/adapters/{args.name}/activate", json={"reason": args.reason})
+        print_json(promotion) if args.json else print(
+            f"promotion {promotion['id']}: {promotion['state']} ({promotion.get('incumbent') or 'base'} -> "
+            f"{promotion['candidate']})" + (" - waits for a reviewer: kiln promotions approve "
+                                             f"{promotion['id']} --reason ..." if promotion["state"] == "pending"
+                                             else " - the serving canary runs, then it is applied"))
+        return 0
     body = {"name": args.name, "reason": args.reason}
     if command == "load":
         body["allow_quarantined"] = args.allow_quarantined
     adapter = client.post(f"/v1/adapters/{command}", json=body)
+    canary = adapter.get("canary") or {}
     print_json(adapter) if args.json else print(f"{adapter['name']}: {adapter['status']}"
-                                                + (" (served by default)" if adapter.get("active") else ""))
+                                                + (" (served by default)" if adapter.get("active") else "")
+                                                + (f", serving canary {'passed' if canary.get('passed') else 'failed'}"
+                                                   if canary and command == "load" else ""))
     return 0

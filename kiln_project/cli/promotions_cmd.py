@@ -43,10 +43,47 @@ def _print_detail(p: dict) -> None:
     trend = (p.get("evidence") or {}).get("reward_trend") or {}
     if trend:
         print(f"reward trend: {trend.get('first')} -> {trend.get('last')} over {trend.get('points')} points")
+    _print_figures(p.get("evidence") or {})
     print("receipts:")
     for r in p.get("receipts") or []:
         print(f"  {str(r.get('created_at'))[:19]}  {r['kind']:10} {r.get('decision') or '':9} "
               f"{r.get('actor') or ''}  {r['sha256']}")
+
+
+def _g(value) -> str:
+    return "n/a" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _one_line(text, limit: int = 70) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _print_figures(evidence: dict) -> None:
+    """KL to the reference, clip fractions, held-out lengths and a couple of side-by-side samples."""
+    kl = evidence.get("kl_to_reference") or {}
+    bounds = evidence.get("alarm_bounds") or {}
+    if kl:
+        print(f"KL to reference: {_g(kl.get('value'))} nats/token ({kl.get('statistic')}, {kl.get('source')}; "
+              f"bound {_g(bounds.get('max_kl_to_reference'))})")
+    clip = ((evidence.get("policy_audit") or {}).get("clip")) or {}
+    if clip.get("outside_fraction") is not None:
+        print(f"clipped ratios: {_g(clip['outside_fraction'])} of {clip.get('ratio_observations')} "
+              f"(below {_g(clip.get('below_fraction'))}, above {_g(clip.get('above_fraction'))})")
+    lengths = evidence.get("lengths") or {}
+    if lengths:
+        cand, inc = lengths.get("candidate") or {}, lengths.get("incumbent") or {}
+        print(f"held-out lengths: candidate mean {_g(cand.get('mean'))} / median {_g(cand.get('median'))} "
+              f"over {cand.get('count')}, incumbent mean {_g(inc.get('mean'))} / median {_g(inc.get('median'))} "
+              f"over {inc.get('count')} (ratio {_g(lengths.get('ratio'))}; allowed "
+              f"{_g(bounds.get('min_length_ratio'))}..{_g(bounds.get('max_length_ratio'))})")
+    samples = evidence.get("samples") or []
+    if samples:
+        print(f"samples ({len(samples)} in the evidence; --json shows all):")
+    for sample in samples[:2]:
+        print(f"  {sample.get('example_id')}: {_one_line(sample.get('prompt'))}")
+        print(f"    candidate [{sample.get('candidate_outcome')}]: {_one_line(sample.get('candidate'))}")
+        print(f"    incumbent [{sample.get('incumbent_outcome')}]: {_one_line(sample.get('incumbent'))}")
 
 
 def run(args) -> int:

@@ -45,7 +45,7 @@ def test_list_show_load_unload_download_upload_delete(kiln, home, peft_adapter, 
     code, out, _ = kiln("adapters", "list")
     assert code == 0 and "math-r001" in out and "available" in out and original.content_sha256[:19] in out
     code, out, _ = kiln("adapters", "load", "math-r001", "--reason", "ship it")
-    assert code == 0 and out.strip() == "math-r001: active (served by default)"
+    assert code == 0 and out.strip() == "math-r001: active (served by default), serving canary passed"
     code, out, _ = kiln("adapters", "show", "math-r001")
     assert code == 0 and "adapter_model.safetensors" in out and "available -> active  trainer: ship it" in out
     code, out, _ = kiln("adapters", "show", "math-r001", "--json")
@@ -65,6 +65,8 @@ def test_list_show_load_unload_download_upload_delete(kiln, home, peft_adapter, 
     assert code == 0 and out.strip() == "deleted math-r001 (1 folder(s) removed)"
     code, out, _ = kiln("adapters", "list", "--json")
     assert [a["name"] for a in json.loads(out)] == ["math-copy"]
+    code, out, _ = kiln("adapters", "activate", "math-copy", "--reason", "roll forward")
+    assert code == 0 and out.strip().startswith("promotion ") and ": approved (base -> math-copy)" in out
 
 
 def test_errors_are_one_line(kiln, home, tmp_path):

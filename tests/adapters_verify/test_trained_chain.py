@@ -43,7 +43,7 @@ class ApiClient:
 
 
 @pytest.fixture
-def trained(api, settings, tmp_path, tiny_model_dir, django_capture_on_commit_callbacks):  # noqa: F811
+def trained(api, settings, tmp_path, tiny_model_dir, django_capture_on_commit_callbacks, canary_worker):  # noqa: F811
     from core.jobs.runner import run_queued_jobs
 
     settings.KILN = dataclasses.replace(settings.KILN, home=tmp_path / "home", model_path=Path(tiny_model_dir))
@@ -53,6 +53,7 @@ def trained(api, settings, tmp_path, tiny_model_dir, django_capture_on_commit_ca
     assert response.status_code == 200, response.content
     with django_capture_on_commit_callbacks(execute=True):
         run_queued_jobs("gpu")
+        run_queued_jobs("control")  # auto_load: the serving canary (a stand-in worker here), then activation
     job = Job.objects.get(uuid=response.json()["job_id"])
     assert job.state == "completed", (job.error_code, job.error_message)
     adapter = Adapter.objects.get(name="chain-r001")

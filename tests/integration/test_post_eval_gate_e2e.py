@@ -99,7 +99,10 @@ def test_the_gate_promotes_a_good_round_and_holds_back_a_broken_one(loop):
     broken = _settled(api, _train(api, {"groups": _groups(48, inverted=True, seed=1),
                                         "config": _config("sums-broken", lr=2e-3)}))
     assert broken["state"] == "completed", broken.get("error")
-    assert broken["gate_outcome"] is None and _adapter(api, "sums-broken")["loaded"] is True
+    assert broken["gate_outcome"] is None and broken["activation_job_id"]
+    # auto_load without a gate: the serving canary runs on the GPU worker, then the adapter is active.
+    wait_until(lambda: _adapter(api, "sums-broken")["loaded"], 120, interval=0.5, what="auto_load activation")
+    assert _adapter(api, "sums-broken")["canary"]["passed"] is True
 
     good = _settled(api, _train(api, {"groups": _groups(8, inverted=False, seed=2),
                                       "config": _config("sums-good", lr=1e-5), "post_eval": POST_EVAL}))

@@ -35,6 +35,17 @@ def published(home: Path, name: str, *, loaded: bool = False, job=None) -> Adapt
                            base_model_sha256="", loaded=loaded)
 
 
+def approve(promotion_id: int, user, reason: str):
+    """Approve, then run its activation job (the stand-in worker answers the canary) to its end."""
+    from adapters.models import Promotion
+    from adapters.promotions import promotion_approve
+    from tests.support.canary import drain_activations
+
+    promotion_approve(promotion_id=promotion_id, user=user, reason=reason)
+    drain_activations()
+    return Promotion.objects.get(id=promotion_id)
+
+
 def users():
     """requester (submit only), reviewer and second reviewer (approve): a team, so the policy is on."""
     requester = user_create(username="requester", password="long-enough-pw")

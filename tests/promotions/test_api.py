@@ -9,6 +9,7 @@ import pytest
 
 from adapters.models import Adapter
 from tests.promotions.support import client_for, error, published, send, users
+from tests.support.canary import drain_activations
 
 pytestmark = pytest.mark.django_db
 
@@ -38,8 +39,10 @@ def test_request_list_show_approve(team):
     approved = send(team["reviewer"], f"/v1/promotions/{promotion['id']}/approve", {"reason": "better"})
     assert approved.status_code == 200, approved.content
     body = approved.json()
-    assert body["state"] == "applied" and body["decided_by"] == "reviewer"
+    assert body["state"] == "approved" and body["decided_by"] == "reviewer" and body["activation_job_id"]
     assert [r["decision"] for r in body["receipts"]] == [None, "approved"]
+    drain_activations()  # the activation job: the serving canary, then the candidate is active
+    assert team["reviewer"].get(f"/v1/promotions/{promotion['id']}").json()["state"] == "applied"
     assert Adapter.objects.get(name="cand").loaded
     error(send(team["other"], f"/v1/promotions/{promotion['id']}/approve", {"reason": "again"}), 409,
           "promotion_not_pending")

@@ -15,6 +15,7 @@ from adapters.promotions import promotion_approve, promotion_request
 from core.errors import KilnError
 from core.models import Receipt
 from tests.promotions.support import published, users
+from tests.support.canary import drain_activations
 
 
 def _race(promotion_id: int, reviewers) -> list:
@@ -49,10 +50,12 @@ def test_two_approvals_at_once_apply_once(home):
     published(home, "cand")
     promotion = promotion_request(candidate="cand", user=requester, reason="")
     outcomes = _race(promotion.id, [reviewer, other])
-    # Exactly one applies. The other answers promotion_not_pending; on the in-memory SQLite test
-    # database (shared cache, no busy timeout) it may instead be refused the table lock outright.
-    assert outcomes.count("applied") == 1, outcomes
-    [loser] = [o for o in outcomes if o != "applied"]
+    # Exactly one is approved (its activation job then applies it once). The other answers
+    # promotion_not_pending; on the in-memory SQLite test database (shared cache, no busy timeout)
+    # it may instead be refused the table lock outright.
+    assert outcomes.count("approved") == 1, outcomes
+    drain_activations()
+    [loser] = [o for o in outcomes if o != "approved"]
     assert loser == "promotion_not_pending" or (connection.vendor == "sqlite" and "locked" in loser), outcomes
     assert Promotion.objects.get(id=promotion.id).state == "applied"
     assert Receipt.objects.filter(kind="approval", subject="cand").count() == 1
@@ -69,4 +72,7 @@ def test_two_approvals_at_once_apply_once_on_postgresql(home):
     published(home, "cand")
     promotion = promotion_request(candidate="cand", user=requester, reason="")
     outcomes = _race(promotion.id, reviewers)
-    assert sorted(outcomes) == ["applied", "promotion_not_pending"], outcomes
+    assert sorted(outcomes) == ["approved", "promotion_not_pending"], outcomes
+    drain_activations()
+    assert Promotion.objects.get(id=promotion.id).state == "applied"
+    assert AdapterTransition.objects.filter(adapter="cand", to_state="active").count() == 1

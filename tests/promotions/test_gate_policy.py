@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from adapters.models import Adapter, Promotion
-from adapters.promotions import promotion_alarms, promotion_approve, reward_trend
+from adapters.promotions import promotion_alarms, reward_trend
 from core.contracts.grpo_submission import PostEvalConfig
 from core.jobs.models import Job
 from core.jobs.services import job_submit
 from core.models import Receipt
-from tests.promotions.support import policy, published, users
+from tests.promotions.support import approve, policy, published, users
 from training.post_eval_jobs import PostEvalJobPayload, _apply
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +52,7 @@ def test_with_the_policy_a_passed_gate_proposes(home, settings):
     assert promotion.evidence["gate"]["candidate_accuracy"] == 0.8 and promotion.alarms == []
     assert Receipt.objects.filter(kind="post_eval_gate", subject="cand").count() == 1
     assert not Receipt.objects.filter(kind="activation", subject="cand").exists()
-    promotion_approve(promotion_id=promotion.id, user=reviewer, reason="gate passed, reviewed")
+    approve(promotion.id, reviewer, "gate passed, reviewed")
     activation = Receipt.objects.get(kind="activation", subject="cand")
     assert activation.body["gate_outcome"] == "promoted" and activation.body["eval_job_id"] == "e1"
     assert Adapter.objects.get(name="cand").loaded
@@ -76,7 +76,7 @@ def test_a_flagged_promotion_is_not_applied_automatically_but_may_be_approved(ho
     assert promotion.state == "pending" and len(promotion.alarms) == 1
     assert "training reward rose" in promotion.alarms[0] and result["promotion_alarms"] == promotion.alarms
     assert promotion.evidence["reward_trend"]["source"] == "training_job_metrics"
-    promotion_approve(promotion_id=promotion.id, user=reviewer, reason="known: the suite is harder")
+    approve(promotion.id, reviewer, "known: the suite is harder")
     row = Receipt.objects.get(kind="approval", subject="hacked")
     assert row.body["override"] is True and row.body["alarms"] == promotion.alarms
     assert Adapter.objects.get(name="hacked").loaded

@@ -17,7 +17,8 @@ from adapters.selectors import adapter_active
 from core.canonical import json_digest
 from core.errors import KilnError
 from core.models import Receipt
-from tests.promotions.support import policy, published, users
+from tests.promotions.support import approve, policy, published, users
+from tests.support.canary import drain_activations
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +41,11 @@ def test_request_then_approve_applies_once_and_activates(home):
     assert request_row.body["evidence_sha256"] == promotion.evidence_sha256
     assert not Adapter.objects.get(name="r2").loaded  # nothing changes before a person decides
 
-    applied = promotion_approve(promotion_id=promotion.id, user=reviewer, reason="better held-out")
+    approved = promotion_approve(promotion_id=promotion.id, user=reviewer, reason="better held-out")
+    # Approved: the serving canary runs in its activation job before anything serves.
+    assert approved.state == "approved" and approved.activation_job is not None and adapter_active().name == "r1"
+    drain_activations()
+    applied = Promotion.objects.get(id=promotion.id)
     assert applied.state == "applied" and applied.decided_by == reviewer and applied.decided_at is not None
     assert adapter_active().name == "r2" and Adapter.objects.get(name="r2").loaded
     [row] = Receipt.objects.filter(kind="approval", subject="r2")
@@ -64,7 +69,7 @@ def test_a_rollback_to_an_older_adapter_unloads_the_newer_one(home):
     published(home, "old")
     published(home, "new", loaded=True)
     promotion = promotion_request(candidate="old", user=requester, reason="rollback")
-    promotion_approve(promotion_id=promotion.id, user=reviewer, reason="new one misbehaves")
+    approve(promotion.id, reviewer, "new one misbehaves")
     assert adapter_active().name == "old" and not Adapter.objects.get(name="new").loaded
     assert AdapterTransition.objects.filter(adapter="new", to_state="available").last().reason.startswith(
         "replaced by old")
@@ -78,7 +83,7 @@ def test_self_approval_is_refused_unless_the_policy_allows_it(home, settings):
         == "promotion_self_approval"
     assert Promotion.objects.get(id=promotion.id).state == "pending"  # the refused claim rolled back
     policy(settings, allow_self_approval=True)
-    assert promotion_approve(promotion_id=promotion.id, user=reviewer, reason="looks good").state == "applied"
+    assert approve(promotion.id, reviewer, "looks good").state == "applied"
 
 
 def test_a_non_approver_cannot_decide(home):
@@ -131,7 +136,7 @@ def test_applying_one_supersedes_the_other_pending_promotions_of_that_incumbent(
     published(home, "y")
     first = promotion_request(candidate="x", user=requester, reason="")
     second = promotion_request(candidate="y", user=requester, reason="")
-    promotion_approve(promotion_id=second.id, user=reviewer, reason="y is better")
+    approve(second.id, reviewer, "y is better")
     first.refresh_from_db()
     assert first.state == "superseded" and str(second.id) in first.reason
     assert _code(lambda: promotion_approve(promotion_id=first.id, user=reviewer, reason="ok")) \

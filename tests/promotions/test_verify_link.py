@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.promotions import promotion_approve, promotion_request
+from adapters.promotions import promotion_request
 from adapters.verify import link_names, verify_adapter
 from core.models import Receipt
 from tests.adapters_verify.chain_support import build_chain, tamper_row
-from tests.promotions.support import users
+from tests.promotions.support import approve, users
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +18,7 @@ def _approved(home, name: str = "gated"):
     requester, reviewer, _ = users()
     build_chain(home, name, gated=True, loaded=False)
     promotion = promotion_request(candidate=name, user=requester, reason="round one")
-    return promotion_approve(promotion_id=promotion.id, user=reviewer, reason="gate passed, reviewed")
+    return approve(promotion.id, reviewer, "gate passed, reviewed")
 
 
 def test_the_promotion_link_follows_activation():

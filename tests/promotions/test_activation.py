@@ -1,0 +1,164 @@
+"""Activation goes through the serving canary: a failed canary quarantines the adapter and changes
+nothing else; a canary that cannot run changes nothing at all; an approved promotion is applied by its
+activation job, or fails with the reason (its canary failed, its job died, the incumbent moved);
+`POST /v1/adapters/{name}/activate` (a rollback) is a promotion with the same approval rule.
+
+The GPU worker's answers come from the stand-in in tests/support/canary.py (autouse in this folder);
+tests/integration/test_activation_faults.py runs the real worker, and kills it."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.models import Adapter, AdapterTransition, Promotion
+from adapters.promotions import promotion_approve, promotion_request
+from adapters.selectors import adapter_active
+from core.jobs.models import Job
+from core.jobs.services import jobs_fail_interrupted
+from core.models import Receipt
+from tests.promotions.support import client_for, error, policy, published, send, users
+from tests.support.canary import drain_activations
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def solo(home, django_user_model):
+    """One user (the approval policy is off): the request is its own approval."""
+    from core.accounts.services import user_create
+
+    user_create(username="solo", password="long-enough-pw", can_approve=True)
+    published(home, "r1", loaded=True)
+    published(home, "r2")
+    return client_for("solo")
+
+
+def test_a_load_runs_the_canary_and_records_it(solo, canary_worker):
+    body = send(solo, "/v1/adapters/load", {"name": "r2", "reason": "try it"}).json()
+    assert body["status"] == "active" and body["canary"]["passed"] is True and body["quarantined"] is False
+    assert [c["adapter"] for c in canary_worker.calls] == ["r2", "r2", "r2"]
+    assert all(c["temperature"] == 0.0 and c["rollout_provenance"] for c in canary_worker.calls)
+    adapter = Adapter.objects.get(name="r2")
+    activation = Receipt.objects.filter(kind="activation", subject="r2").get()
+    assert activation.body["canary"] == {"sha256": adapter.canary["sha256"], "passed": True}
+    assert [o["content"] for o in adapter.canary["outputs"]] == ["ready"] * 3
+    assert adapter_active().name == "r2" and not Adapter.objects.get(name="r1").loaded  # one active adapter
+
+
+@pytest.mark.parametrize("fault, reason", [("fail_load", "adapter_load_failed"), ("nan_for", "not finite"),
+                                           ("wrong_bytes_for", "the worker served")])
+def test_a_failed_canary_quarantines_and_the_previous_adapter_stays(solo, canary_worker, fault, reason):
+    getattr(canary_worker, fault).add("r2")
+    message = error(send(solo, "/v1/adapters/load", {"name": "r2"}), 500, "adapter_load_failed")
+    assert "quarantined" in message and reason in message
+    adapter = Adapter.objects.get(name="r2")
+    assert adapter.quarantined and not adapter.loaded and adapter.canary["passed"] is False
+    assert adapter_active().name == "r1"
+    row = AdapterTransition.objects.filter(adapter="r2").last()
+    assert row.to_state == "quarantined" and reason in row.reason
+    assert solo.get("/v1/adapters/r2").json()["status"] == "quarantined"
+    assert not Receipt.objects.filter(kind="activation", subject="r2").exists()
+
+    getattr(canary_worker, fault).clear()  # fixed, but quarantined: only with the override
+    error(send(solo, "/v1/adapters/load", {"name": "r2"}), 409, "adapter_quarantined")
+    body = send(solo, "/v1/adapters/load", {"name": "r2", "allow_quarantined": True}).json()
+    assert body["status"] == "active" and body["quarantined"] is False
+    assert Receipt.objects.get(kind="activation", subject="r2").body["allow_quarantined"] is True
+
+
+def test_a_canary_that_cannot_run_changes_nothing(solo, canary_worker):
+    canary_worker.unavailable = True
+    error(send(solo, "/v1/adapters/load", {"name": "r2"}), 503, "inference_unavailable")
+    adapter = Adapter.objects.get(name="r2")
+    assert not adapter.quarantined and not adapter.loaded and adapter.canary is None
+    assert adapter_active().name == "r1"
+
+
+def test_an_approved_promotion_whose_canary_fails_ends_failed(home, canary_worker):
+    requester, reviewer, _ = users()
+    published(home, "inc", loaded=True)
+    published(home, "cand")
+    promotion = promotion_request(candidate="cand", user=requester, reason="")
+    promotion_approve(promotion_id=promotion.id, user=reviewer, reason="looks fine")
+    canary_worker.fail_load.add("cand")
+    drain_activations()
+    promotion.refresh_from_db()
+    assert promotion.state == "failed" and "adapter_load_failed" in promotion.reason
+    assert adapter_active().name == "inc" and Adapter.objects.get(name="cand").quarantined
+    job = Job.objects.get(id=promotion.activation_job_id)
+    assert job.state == "completed" and job.result["activated"] is False and job.result["quarantined"] is True
+
+
+def test_an_activation_job_that_dies_fails_its_promotion(home, canary_worker, django_capture_on_commit_callbacks):
+    requester, reviewer, _ = users()
+    published(home, "inc", loaded=True)
+    published(home, "cand")
+    promotion = promotion_request(candidate="cand", user=requester, reason="")
+    promotion_approve(promotion_id=promotion.id, user=reviewer, reason="ok")
+    job = Job.objects.get(id=Promotion.objects.get(id=promotion.id).activation_job_id)
+    Job.objects.filter(id=job.id).update(state="running")  # its worker took it, then died (restart recovery)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs_fail_interrupted(job_ids=[job.id], reason="its worker stopped while the job was running") == 1
+    promotion.refresh_from_db()
+    assert promotion.state == "failed" and "job_interrupted" in promotion.reason
+    assert "previous adapter stays active" in promotion.reason
+    assert adapter_active().name == "inc" and not Adapter.objects.get(name="cand").loaded
+
+
+def test_an_incumbent_that_changed_while_the_canary_waited_fails_the_promotion(home, canary_worker):
+    from adapters.activation import make_active
+
+    requester, reviewer, _ = users()
+    published(home, "inc", loaded=True)
+    published(home, "cand")
+    published(home, "other")
+    promotion = promotion_request(candidate="cand", user=requester, reason="")
+    promotion_approve(promotion_id=promotion.id, user=reviewer, reason="ok")
+    make_active(name="other", reason="loaded by hand meanwhile")
+    drain_activations()
+    promotion.refresh_from_db()
+    assert promotion.state == "failed" and "other is active now" in promotion.reason
+    assert adapter_active().name == "other"
+
+
+def test_activate_alone_is_a_promotion_applied_at_once(solo):
+    response = send(solo, "/v1/adapters/r2/activate", {"reason": "roll forward"})
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["state"] == "approved" and body["candidate"] == "r2" and body["incumbent"] == "r1"
+    approval = Receipt.objects.get(kind="approval", subject="r2")
+    assert approval.body["policy"] == "approval_not_required" and approval.body["actor"] == "solo"
+    drain_activations()
+    assert solo.get(f"/v1/promotions/{body['id']}").json()["state"] == "applied"
+    assert adapter_active().name == "r2"
+    # The rollback to r1 is recorded the same way.
+    back = send(solo, "/v1/adapters/r1/activate", {"reason": "r2 regressed"}).json()
+    drain_activations()
+    assert Promotion.objects.get(id=back["id"]).state == "applied" and adapter_active().name == "r1"
+    assert Receipt.objects.filter(kind="activation", subject="r1", body__promotion_id=back["id"]).exists()
+    error(send(solo, "/v1/adapters/r1/activate", {}), 409, "adapter_active")
+    error(send(solo, "/v1/adapters/nope/activate", {}), 404, "adapter_not_found")
+
+
+def test_activate_in_a_team_waits_for_a_reviewer(home, settings):
+    users()
+    published(home, "r1")
+    published(home, "r2", loaded=True)
+    requester, reviewer = client_for("requester"), client_for("reviewer")
+    body = send(requester, "/v1/adapters/r1/activate", {"reason": "rollback"}).json()
+    assert body["state"] == "pending" and adapter_active().name == "r2"
+    error(send(requester, f"/v1/promotions/{body['id']}/approve", {"reason": "mine"}), 403,
+          "approval_permission_required")
+    assert send(reviewer, f"/v1/promotions/{body['id']}/approve", {"reason": "ok"}).json()["state"] == "approved"
+    drain_activations()
+    assert adapter_active().name == "r1"
+    policy(settings, require_approval=False)  # the policy, not the number of users, decides when set
+    assert send(requester, "/v1/adapters/r2/activate", {}).json()["state"] == "approved"
+
+
+def test_a_request_without_an_adapter_is_served_by_the_active_one(home):
+    from adapters.serving.selectors import default_adapter
+
+    assert default_adapter() == "base"
+    published(home, "r1", loaded=True)
+    assert default_adapter() == "r1"
