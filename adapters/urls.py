@@ -3,12 +3,15 @@
 
 from django.urls import path
 
-from adapters import views
+from adapters import promotion_views, views
 
 urlpatterns = [
     path("", views.adapters, name="adapters"),
     path("<str:name>/", views.adapter_detail, name="adapter_detail"),
 ]
 promotion_urlpatterns = [
-    path("", views.promotions, name="promotions"),
+    path("", promotion_views.promotions, name="promotions"),
+    path("<int:promotion_id>/", promotion_views.promotion_detail, name="promotion_detail"),
+    path("<int:promotion_id>/approve/", promotion_views.promotion_approve, name="promotion_approve"),
+    path("<int:promotion_id>/reject/", promotion_views.promotion_reject, name="promotion_reject"),
 ]
