@@ -49,6 +49,12 @@ class KilnConfig:
     # [openenv] allow_remote_environments: server-side OpenEnv routes may reach non-loopback URLs
     # (off by default, as SSRF protection; the CLI is unrestricted).
     openenv_allow_remote_environments: bool = False
+    # [openenv] enabled, max_active_runs, max_tracked_runs, tracked_run_ttl_secs (reference-spec §1.6):
+    # persisted runs (POST /v1/openenv/runs) admitted FIFO, at most max_active_runs at once.
+    openenv_enabled: bool = True
+    openenv_max_active_runs: int = 4
+    openenv_max_tracked_runs: int = 128
+    openenv_tracked_run_ttl_secs: int = 604800
     # [promotion] require_approval: activation waits for a person holding jobs.approve_promotion.
     # None (the default): on whenever more than one active user exists (adapters.promotions decides).
     promotion_require_approval: bool | None = None
@@ -210,6 +216,7 @@ def load_config(env: dict | None = None) -> KilnConfig:
             _parse_bool("KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS", env["KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS"])
             if "KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS" in env
             else bool(openenv_toml.get("allow_remote_environments", False))),
+        **_openenv_runs(env, openenv_toml),
         promotion_require_approval=_optional_bool(env, "KILN_PROMOTION_REQUIRE_APPROVAL", promotion_toml,
                                                   "require_approval", None),
         promotion_allow_self_approval=bool(_optional_bool(env, "KILN_PROMOTION_ALLOW_SELF_APPROVAL", promotion_toml,
@@ -240,6 +247,16 @@ def _promotion_bounds(env: dict, table: dict) -> dict:
     if bounds["promotion_min_length_ratio"] > 1 or bounds["promotion_max_length_ratio"] < 1:
         raise ConfigError("[promotion] min_length_ratio must be at most 1 and max_length_ratio at least 1")
     return bounds
+
+
+def _openenv_runs(env: dict, table: dict) -> dict:
+    """[openenv] enabled and the run admission bounds (KILN_OPENENV_<KEY> wins over kiln.toml)."""
+    out: dict = {"openenv_enabled": (_parse_bool("KILN_OPENENV_ENABLED", env["KILN_OPENENV_ENABLED"])
+                                     if "KILN_OPENENV_ENABLED" in env else bool(table.get("enabled", True)))}
+    for key, default in (("max_active_runs", 4), ("max_tracked_runs", 128), ("tracked_run_ttl_secs", 604800)):
+        name = f"KILN_OPENENV_{key.upper()}"
+        out[f"openenv_{key}"] = _parse_int(f"[openenv] {key}", env.get(name) or table.get(key) or default, 1)
+    return out
 
 
 def _optional_bool(env: dict, name: str, table: dict, key: str, default: bool | None) -> bool | None:

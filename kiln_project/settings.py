@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "adapters",
     "training",
     "evaluations",
+    "openenv",
 ]
 
 MIDDLEWARE = [

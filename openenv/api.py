@@ -11,7 +11,8 @@ elsewhere). The CLI (`kiln openenv inspect|tasks`) is unrestricted.
 Requests: `{url}` or `{environment_urls: [...]}` (alias `environments`, 1..64 URLs), with an
 optional server-configured `credential_id` / aligned `credential_ids` (`[openenv.credentials.<id>]`;
 none are configured yet, so any handle is refused with 400 `openenv_credential_not_found`).
-Client errors keep their stable codes in the `{"error": {code, message, hint}}` envelope: a bad URL,
+Persisted runs (/v1/openenv/runs) live in openenv/runs/api.py. With `[openenv] enabled = false`
+every route answers 404 `openenv_disabled`. Client errors keep their stable codes in the `{"error": {code, message, hint}}` envelope: a bad URL,
 credential, task page or selection is 400; an environment that failed (unreachable, unhealthy,
 bad discovery, Task API failure) is 502.
 """
@@ -38,8 +39,11 @@ from openenv.client.errors import (
 )
 from openenv.client.tasks import CATALOG_SCHEMA, DEFAULT_PAGE, MAX_PAGE, task_catalog
 from openenv.client.urls import Endpoint, normalize_url
+from openenv.runs.api import require_enabled
+from openenv.runs.api import router as runs_router
 
 router = Router(tags=["openenv"])
+router.add_router("/runs", runs_router)  # /v1/openenv/runs (openenv/runs/api.py)
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_URLS = 64
@@ -213,6 +217,7 @@ def _body(request, model: _Documented, allowed: set[str]) -> dict:
 @router.post("/inspect", summary="Check /health and read an OpenEnv environment's discovery documents",
              response=OpenEnvInspectionOut)
 def openenv_inspect(request, body: OpenEnvInspectRequest):
+    require_enabled()
     require_permission(request, "submit_job")
     values = _body(request, body, set(_URLS_SCHEMA) | {"environments"})
     urls, handles = _targets(values)
@@ -229,6 +234,7 @@ def openenv_inspect(request, body: OpenEnvInspectRequest):
 @router.post("/tasks", summary="One page of an OpenEnv environment's task catalog (read-only)",
              response=OpenEnvCatalogsOut)
 def openenv_tasks(request, body: OpenEnvTasksRequest):
+    require_enabled()
     require_permission(request, "submit_job")
     values = _body(request, body, set(TASKS_REQUEST["properties"]) | {"environments"})
     urls, handles = _targets(values)

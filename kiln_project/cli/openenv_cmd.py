@@ -14,6 +14,9 @@ the local cli-token), validated against its provenance record; it publishes the 
 and the summary together, or nothing. `verify` checks the three files offline (`openenv.verify`);
 `replay` verifies, then runs the recorded transcript against the live environments
 (`openenv.replay`) and exits non-zero on the first divergence.
+
+`start|runs|status|artifact|cancel` are clients of the server's persisted runs
+(kiln_project/cli/openenv_runs_cmd.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 import sys
 from pathlib import Path
 
+from kiln_project.cli import openenv_runs_cmd
 from kiln_project.cli.client import CliError
 from kiln_project.cli.output import print_json
 
@@ -31,7 +35,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def add_parser(subparsers, common) -> None:
-    openenv = subparsers.add_parser("openenv", help="OpenEnv environments: inspect, task catalogs")
+    openenv = subparsers.add_parser("openenv", help="OpenEnv environments: inspect, collect, persisted runs")
     sub = openenv.add_subparsers(dest="openenv_command", required=True)
     inspect = sub.add_parser("inspect", parents=[common], help="check /health and read the discovery documents")
     _environment_args(inspect)
@@ -50,6 +54,7 @@ def add_parser(subparsers, common) -> None:
                         help="bearer token variable per recorded environment, in order; - = public")
     replay.add_argument("--concurrency", type=_positive, default=4)
     replay.add_argument("--capacity-wait-seconds", type=float, default=300.0)
+    openenv_runs_cmd.add_parsers(sub, common)  # start, runs, status, artifact, cancel: the server's runs
     openenv.set_defaults(handler=run)
 
 
@@ -121,6 +126,8 @@ def _clean(value) -> str:
 def run(args) -> int:
     from openenv.client import OpenEnvError, credentials_for_urls, normalize_url
 
+    if args.openenv_command in openenv_runs_cmd.COMMANDS:
+        return openenv_runs_cmd.run(args)
     if args.openenv_command in ("rollout", "verify", "replay"):
         try:
             return {"rollout": _rollout, "verify": _verify, "replay": _replay}[args.openenv_command](args)

@@ -1,0 +1,228 @@
+"""`kiln openenv start|runs|status|artifact|cancel`: persisted OpenEnv runs through the API (reference-spec §1.7).
+
+Thin clients of /v1/openenv/runs (the server collects; these commands only talk to it):
+- `start --request FILE [--follow]`: POST the JSON body (at most 1 MiB) as it is; an exact retry
+  with the same idempotency_key answers the original run;
+- `runs`: the tracked runs, newest first; `status RUN [--follow]`: one run;
+- `--follow` polls until the run is terminal and prints its stage, groups and rollouts done, and
+  the mean and range of return once published; it exits non-zero when the run failed or was
+  cancelled (one line with the failure's code);
+- `artifact RUN KIND --output F [--force]`: streams a manifest-bound artifact, checks its bytes and
+  SHA-256 against the server's Content-Length and ETag, then publishes F atomically
+  (`kiln.openenv-artifact-download.v1` with --json); an existing F needs --force;
+- `cancel RUN`: DELETE, the run stops at the next boundary of its phase.
+All take `--json`. Errors print one line with the server's stable code and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from kiln_project.cli.client import CliError, KilnClient
+from kiln_project.cli.output import print_json, print_table
+
+COMMANDS = ("start", "runs", "status", "artifact", "cancel")
+MAX_REQUEST_BYTES = 1024 * 1024
+MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
+TERMINAL = frozenset({"rollout_ready", "completed", "failed", "cancelled"})
+POLL_SECONDS = 0.5
+TRANSFER_TIMEOUT = 600.0
+DOWNLOAD_SCHEMA = "kiln.openenv-artifact-download.v1"
+
+
+def add_parsers(sub, common) -> None:
+    start = sub.add_parser("start", parents=[common], help="submit a persisted OpenEnv run (POST /v1/openenv/runs)")
+    start.add_argument("--request", type=Path, required=True, metavar="FILE", help="the JSON request body (≤ 1 MiB)")
+    start.add_argument("--follow", action="store_true", help="wait for a terminal state, printing progress")
+    sub.add_parser("runs", parents=[common], help="the server's OpenEnv runs, newest first")
+    status = sub.add_parser("status", parents=[common], help="one OpenEnv run's status")
+    status.add_argument("run_id", metavar="RUN")
+    status.add_argument("--follow", action="store_true", help="wait for a terminal state, printing progress")
+    artifact = sub.add_parser("artifact", parents=[common], help="download a run's artifact, checked by SHA-256")
+    artifact.add_argument("run_id", metavar="RUN")
+    artifact.add_argument("kind", metavar="KIND", help="dataset, replay or summary (rollout runs)")
+    artifact.add_argument("--output", type=Path, required=True, metavar="F")
+    artifact.add_argument("--force", action="store_true", help="replace an existing output file")
+    cancel = sub.add_parser("cancel", parents=[common], help="cancel a run at the next boundary of its phase")
+    cancel.add_argument("run_id", metavar="RUN")
+
+
+def run(args) -> int:
+    client = KilnClient(args.url)
+    command = args.openenv_command
+    if command == "start":
+        return _start(client, args)
+    if command == "runs":
+        return _runs(client, args)
+    if command == "status":
+        status = client.get(_path(args.run_id))
+        return _follow(client, status, args) if args.follow else _show(status, args)
+    if command == "artifact":
+        return _artifact(client, args)
+    return _show(client.delete(_path(args.run_id)), args)
+
+
+def _path(run_id: str) -> str:
+    if not run_id or "/" in run_id or len(run_id) > 64:
+        raise CliError("openenv_run_not_found", f"{run_id[:64]!r} is not a run id", "list runs: kiln openenv runs")
+    return f"/v1/openenv/runs/{run_id}"
+
+
+def _start(client: KilnClient, args) -> int:
+    try:
+        size = args.request.stat().st_size
+        if size > MAX_REQUEST_BYTES:
+            raise CliError("openenv_invalid_request", f"{args.request} holds {size} bytes; at most {MAX_REQUEST_BYTES}")
+        body = json.loads(args.request.read_bytes())
+    except OSError as exc:
+        raise CliError("openenv_invalid_request", f"cannot read {args.request}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError("openenv_invalid_request", f"{args.request} is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise CliError("openenv_invalid_request", f"{args.request} must hold one JSON object")
+    status = client.post("/v1/openenv/runs", json=body)
+    if args.follow:
+        if not args.json:
+            print(f"run {status['run_id']} {status['state']} (sequence {status['admission']['sequence']})")
+        return _follow(client, status, args)
+    return _show(status, args)
+
+
+def _return_text(status: dict) -> str:
+    stats = status.get("rollout_stats") or {}
+    if "mean_episode_return" not in stats:
+        return ""
+    low, high = stats.get("min_episode_return"), stats.get("max_episode_return")
+    span = f" [{low:.4g}, {high:.4g}]" if low is not None and high is not None else ""
+    return f" · return mean {stats['mean_episode_return']:.4g}{span}"
+
+
+def progress_line(status: dict) -> str:
+    p = status.get("progress") or {}
+    where = status["state"] + (f" ({status['stage']})" if status.get("stage") else "")
+    position = (status.get("admission") or {}).get("queue_position")
+    queued = f" · position {position}" if position else ""
+    return (f"{where}{queued} · groups {p.get('groups_completed', 0)}/{p.get('groups_total', 0)} · rollouts "
+            f"{p.get('rollouts_completed', 0)}/{p.get('rollouts_total', 0)}{_return_text(status)}")
+
+
+def _follow(client: KilnClient, status: dict, args) -> int:
+    last = None
+    while True:
+        line = progress_line(status)
+        if line != last and not args.json:
+            print(line, flush=True)
+            last = line
+        if status["state"] in TERMINAL:
+            break
+        time.sleep(POLL_SECONDS)
+        status = client.get(_path(status["run_id"]))
+    if args.json:
+        print_json(status)
+    return _outcome(status)
+
+
+def _outcome(status: dict) -> int:
+    failure = status.get("failure")
+    if status["state"] == "failed":
+        code = failure["code"] if failure else "openenv_run_failed"
+        raise CliError(code, f"run {status['run_id']} failed at {status.get('stage')}: "
+                       f"{(failure or {}).get('message') or status.get('error', '')}", (failure or {}).get("hint", ""))
+    if status["state"] == "cancelled":
+        raise CliError("openenv_run_cancelled", f"run {status['run_id']} was cancelled: {status.get('error', '')}")
+    return 0
+
+
+def _show(status: dict, args) -> int:
+    if args.json:
+        print_json(status)
+        return 0
+    print(f"run       {status['run_id']}  ({status['kind']}, sequence {status['admission']['sequence']})")
+    print(f"state     {progress_line(status)}")
+    if status.get("cancel_requested") and status["state"] not in TERMINAL:
+        print("cancel    requested: stops at the next boundary of its phase")
+    stats = status.get("rollout_stats")
+    if stats:
+        print(f"outcomes  done {stats['done_count']}, max_steps {stats['max_steps_count']}, invalid "
+              f"{stats['invalid_model_action_count']}, protocol {stats['protocol_error_count']}; "
+              f"{stats['total_environment_steps']} steps, {stats['total_model_tokens']} policy tokens")
+    for artifact in status.get("artifacts") or []:
+        print(f"artifact  {artifact['kind']:<8} {artifact['bytes']:>10} B  {artifact['sha256']}")
+    if status.get("failure"):
+        failure = status["failure"]
+        print(f"failure   {failure['code']} at {failure['stage']} (retryable {str(failure['retryable']).lower()}): "
+              f"{failure['message']}")
+    elif status.get("error"):
+        print(f"reason    {status['error']}")
+    return 0
+
+
+def _runs(client: KilnClient, args) -> int:
+    listing = client.get("/v1/openenv/runs")
+    if args.json:
+        print_json(listing)
+        return 0
+    rows = []
+    for status in listing["runs"]:
+        p = status.get("progress") or {}
+        stats = status.get("rollout_stats") or {}
+        rows.append({"run": status["run_id"], "kind": status["kind"], "state": status["state"],
+                     "seq": status["admission"]["sequence"],
+                     "rollouts": f"{p.get('rollouts_completed', 0)}/{p.get('rollouts_total', 0)}",
+                     "mean_return": "" if "mean_episode_return" not in stats else
+                     f"{stats['mean_episode_return']:.4g}"})
+    print_table(rows, ["run", "kind", "state", "seq", "rollouts", "mean_return"])
+    return 0
+
+
+def _artifact(client: KilnClient, args) -> int:
+    import httpx
+
+    output = args.output
+    if (output.exists() or output.is_symlink()) and not args.force:
+        raise CliError("openenv_artifact_output_exists", f"{output} exists", "pass --force to replace it")
+    source = f"{_path(args.run_id)}/artifacts/{args.kind}"
+    partial = output.with_name(f".{output.name}.part")
+    digest, size = hashlib.sha256(), 0
+    try:
+        with client._http.stream("GET", source, timeout=TRANSFER_TIMEOUT) as response:
+            if response.status_code >= 400:
+                response.read()
+                try:
+                    error = response.json()["error"]
+                except (ValueError, KeyError, TypeError):
+                    raise CliError(f"http_{response.status_code}", response.text[:200]) from None
+                raise CliError(error["code"], error["message"], error.get("hint", ""))
+            expected = response.headers.get("etag", "").strip('"')
+            length = int(response.headers.get("content-length", "-1"))
+            with open(partial, "wb") as fh:
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > MAX_ARTIFACT_BYTES:
+                        raise CliError("openenv_artifact_integrity_failed", f"more than {MAX_ARTIFACT_BYTES} bytes")
+                    digest.update(chunk)
+                    fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+        actual = "sha256:" + digest.hexdigest()
+        if actual != expected or size != length:
+            raise CliError("openenv_artifact_integrity_failed",
+                           f"received {size} bytes hashing to {actual}; the server announced {length} bytes, {expected}")
+        os.replace(partial, output)
+    except httpx.TransportError as exc:
+        raise CliError("connection_failed", f"cannot reach Kiln at {client.url}: {exc}",
+                       "is `kiln serve` running? pass --url or set KILN_URL") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    report = {"schema": DOWNLOAD_SCHEMA, "run_id": args.run_id, "kind": args.kind, "source_url": source,
+              "output_path": str(output.resolve()), "sha256": actual, "bytes": size}
+    if args.json:
+        print_json(report)
+    else:
+        print(f"wrote {size} bytes to {output} ({actual})", file=sys.stdout)
+    return 0

@@ -1,0 +1,182 @@
+"""/v1/openenv/runs: persisted OpenEnv runs (reference-spec §1.6, §4.9-4.12). Web-facing: no torch.
+
+POST validates the body once into `OpenEnvRunRequest` (openenv.runs.request; unknown fields
+rejected, 400 `openenv_invalid_request` naming the field), applies the server's own rules
+(loopback-only URLs unless allowed, 403; server credential handles, 400; a published adapter,
+400), then records the run: 202 a new run, 200 an exact idempotent retry, 409 a changed reuse of
+the key, 503 a full tracked map. Admission comes before discovery: nothing here contacts an
+environment. `kind: "train"` is validated in full, then refused with 501
+`openenv_training_not_available` (this server collects rollouts only; train with `kiln train grpo`).
+GET lists and reads runs (`kiln.openenv-run.v5`); DELETE cancels one; the artifact route streams a
+manifest-bound file after re-checking it on the open descriptor (openenv.runs.downloads).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.http import StreamingHttpResponse
+from ninja import Router, Status
+from pydantic import BaseModel, ConfigDict
+
+from core.accounts.auth import require_permission
+from core.errors import KilnError
+from openenv.runs.request import FIELDS, RunRequestError, normalize
+
+router = Router(tags=["openenv"])
+
+MAX_BODY_BYTES = 1024 * 1024
+RUN_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["kind", "environment_urls"],
+    "description": "OpenEnvRunRequest (reference-spec §1.6); environments is an alias of environment_urls",
+    "properties": {field: {} for field in FIELDS} | {
+        "kind": {"enum": ["rollout", "train"]},
+        "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+        "environment_urls": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 64},
+        "credential_ids": {"type": "array", "items": {"type": ["string", "null"]}},
+        "adapter": {"type": "string", "default": "base"},
+        "groups": {"type": "integer", "default": 8}, "group_size": {"type": "integer", "default": 4},
+        "seed_start": {"type": "integer", "default": 0}, "reset_options": {"type": "object", "default": {}},
+        "environment_reset_options": {"type": "array", "items": {"type": ["object", "null"]}},
+        "max_steps": {"type": "integer", "default": 8}, "concurrency": {"type": "integer", "default": 4},
+        "max_action_tokens": {"type": "integer", "default": 256}, "temperature": {"type": "number", "default": 1.0},
+        "thinking": {"type": "boolean", "default": True}, "thinking_budget_tokens": {"type": ["integer", "null"]},
+        "protocol_error_reward": {"type": "number", "default": -1.0},
+        "max_recoverable_errors": {"type": "integer", "default": 3},
+        "capacity_wait_seconds": {"type": "number", "default": 300},
+        "auto_load": {"type": "boolean", "default": True},
+    }}
+RUN_SCHEMA: dict[str, Any] = {"type": "object", "required": ["schema", "run_id", "kind", "state"],
+                              "description": "OpenEnvRunStatus (kiln.openenv-run.v5)"}
+LIST_SCHEMA: dict[str, Any] = {"type": "object", "required": ["schema", "runs"],
+                               "properties": {"schema": {"const": "kiln.openenv-run-list.v5"},
+                                              "runs": {"type": "array", "items": RUN_SCHEMA}}}
+
+
+class _Documented(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class OpenEnvRunRequest(_Documented):
+    model_config = ConfigDict(extra="allow", title="OpenEnvRunRequest",
+                              json_schema_extra=lambda schema, cls: schema.update(RUN_REQUEST_SCHEMA))
+
+
+class OpenEnvRunStatusOut(_Documented):
+    model_config = ConfigDict(extra="allow", title="OpenEnvRunStatus",
+                              json_schema_extra=lambda schema, cls: schema.update(RUN_SCHEMA))
+
+
+class OpenEnvRunListOut(_Documented):
+    model_config = ConfigDict(extra="allow", title="OpenEnvRunList",
+                              json_schema_extra=lambda schema, cls: schema.update(LIST_SCHEMA))
+
+
+def require_enabled() -> None:
+    if not settings.KILN.openenv_enabled:
+        raise KilnError("openenv_disabled", "OpenEnv is disabled on this server", status=404,
+                        hint="set [openenv] enabled = true in kiln.toml (or KILN_OPENENV_ENABLED=true)")
+
+
+def _invalid(exc: RunRequestError) -> KilnError:
+    return KilnError("openenv_invalid_request", f"request: {exc.message}", status=400, field=exc.field,
+                     hint=exc.hint or "see OpenEnvRunRequest in /v1/openapi.json")
+
+
+def _server_checks(request_value: dict) -> None:
+    """What depends on this server: reachable URLs, configured credentials, published adapters."""
+    from adapters.selectors import adapter_published_path
+    from openenv.api import _credentials, _endpoints
+
+    _endpoints(request_value["environment_urls"])
+    _credentials(request_value["credential_ids"] or [None] * len(request_value["environment_urls"]))
+    name = request_value["adapter"]
+    if name != "base" and adapter_published_path(name=name) is None:
+        raise KilnError("openenv_invalid_request", f"request: adapter: no published adapter named {name!r}",
+                        status=400, field="adapter", hint="choose base or an adapter that finished training")
+
+
+def _run_or_404(run_id: str):
+    from openenv.runs.selectors import run_get
+
+    run = run_get(run_id=run_id)
+    if run is None:
+        raise KilnError("openenv_run_not_found", f"no OpenEnv run {run_id[:64]!r}", status=404,
+                        hint="list runs with GET /v1/openenv/runs (kiln openenv runs)")
+    return run
+
+
+@router.get("", summary="OpenEnv runs, newest first", response=OpenEnvRunListOut)
+def runs_list(request):
+    from openenv.runs.selectors import runs_status_list
+
+    require_enabled()
+    return runs_status_list()
+
+
+@router.post("", summary="Submit an OpenEnv run (202 new, 200 an exact idempotent retry)",
+             response={200: OpenEnvRunStatusOut, 202: OpenEnvRunStatusOut})
+def runs_create(request, body: OpenEnvRunRequest):
+    from openenv.runs.selectors import run_status
+    from openenv.runs.services import run_submit
+
+    require_enabled()
+    require_permission(request, "submit_job")
+    if len(request.body) > MAX_BODY_BYTES:
+        raise KilnError("request_too_large", f"an OpenEnv run request may hold at most {MAX_BODY_BYTES} bytes",
+                        status=413, hint="send a smaller JSON object")
+    try:
+        value = normalize(json.loads(request.body))
+    except RunRequestError as exc:
+        raise _invalid(exc) from None
+    _server_checks(value)
+    if value["kind"] == "train":
+        raise KilnError("openenv_training_not_available",
+                        "kind train (collect, then train with GRPO) is not available on this server yet; the "
+                        "request is valid", status=501,
+                        hint="submit kind rollout, then train on its dataset artifact with kiln train grpo")
+    run, created = run_submit(request=value, user=request.user)
+    return Status(202 if created else 200, run_status(run))
+
+
+@router.get("/{run_id}", summary="One OpenEnv run's status", response=OpenEnvRunStatusOut)
+def runs_get(request, run_id: str):
+    from openenv.runs.selectors import run_status
+
+    require_enabled()
+    return run_status(_run_or_404(run_id))
+
+
+@router.delete("/{run_id}", summary="Cancel an OpenEnv run (the current phase stops at its next boundary)",
+               response=OpenEnvRunStatusOut)
+def runs_cancel(request, run_id: str):
+    from openenv.runs.selectors import run_status
+    from openenv.runs.services import run_cancel
+
+    require_enabled()
+    require_permission(request, "submit_job")
+    return run_status(run_cancel(run=_run_or_404(run_id), user=request.user))
+
+
+@router.get("/{run_id}/artifacts/{kind}", summary="Download a manifest-bound artifact of a run (re-checked)")
+def runs_artifact(request, run_id: str, kind: str):
+    from openenv.runs.downloads import open_artifact, stream
+
+    require_enabled()
+    run = _run_or_404(run_id)
+    fd, entry = open_artifact(run, kind)
+    extension = "jsonl" if entry["file"].endswith(".jsonl") else "json"
+    response = StreamingHttpResponse(stream(fd, entry["bytes"]),
+                                     content_type="application/x-ndjson" if extension == "jsonl"
+                                     else "application/json")
+    response["Content-Length"] = str(entry["bytes"])
+    response["ETag"] = f'"{entry["sha256"]}"'
+    response["Cache-Control"] = "private, no-store"
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Disposition"] = f'attachment; filename="openenv-{run.id}-{kind}.{extension}"'
+    return response

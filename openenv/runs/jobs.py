@@ -1,0 +1,258 @@
+"""The `openenv.run` job (control queue): one admitted `kind: rollout` run, through the shared collector.
+
+Stages (the run's state, persisted at each change): `discovering` (discovery of every URL,
+`openenv.collector.collect.discover`), `collecting` (`collect`: groups x candidates, whose last
+step is the identity re-verification), `revalidating` (every episode finished: discovery again),
+then the three artifacts are published together into the run directory
+`<adapter_dir>/.openenv/runs/<run-id>/` (rollouts.jsonl, replay.json, summary.json, beside
+run.json) and the run is `rollout_ready` with its manifest and the summary's `stats`.
+
+The collection runs on its own event loop in a thread; this (the job's) thread owns every
+database write: it persists progress, watches for cancellation (`ctx.should_stop()`: the job was
+asked to stop, or the worker is shutting down) and cancels the collection task, which closes every
+session. A cancellation publishes nothing. Any failure ends the run `failed` with its typed
+`kiln.openenv-run-failure.v1` and the job fails with the same code. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from pathlib import Path
+
+from core.canonical import sha256_digest
+from core.errors import KilnError
+from openenv.collector import ChatCompletionPolicy, CollectionError
+from openenv.collector.collect import collect, discover, publish
+from openenv.collector.config import adapter_name
+from openenv.models import ACTIVE_STATES, OpenEnvRun, RunState
+from openenv.runs import services
+from openenv.runs.request import collection_config
+from openenv.runs.selectors import ARTIFACT_FILES, run_dir_for
+
+TICK_SECONDS = 0.2
+REQUEST_TIMEOUT_S = 900.0
+_GROUP = re.compile(r"^group (\d+) candidate (\d+)$")
+
+
+def _chat_post():
+    """The policy's transport: Kiln's own chat route through the infer queue (no HTTP)."""
+    from django.db import connections
+
+    from adapters.serving.sync_client import chat_completion_sync
+
+    def call(body: dict) -> dict:
+        try:
+            return chat_completion_sync(body, timeout=REQUEST_TIMEOUT_S)
+        except KilnError as exc:
+            raise CollectionError("openenv_policy_failed", f"the model server answered {exc.code}: {exc.message}",
+                                  failure_code="model_inference_failed", hint=exc.hint or None) from None
+        finally:
+            connections.close_all()  # the readiness reads opened this thread's own connection
+
+    async def post(body: dict) -> dict:
+        return await asyncio.to_thread(call, body)
+
+    return post
+
+
+def make_policy(run: OpenEnvRun, ctx):
+    """The behavior policy of a run: the served model (with the run's adapter) with rollout provenance."""
+    from adapters.serving.selectors import wait_for_inference_ready
+
+    wait_for_inference_ready(ctx)
+    return ChatCompletionPolicy(_chat_post(), adapter=adapter_name(run.request["adapter"]))
+
+
+class _Execution(threading.Thread):
+    """discover, then collect, on a private event loop; the job's thread reads `snapshot()`."""
+
+    def __init__(self, config, policy, group_size: int):
+        super().__init__(name="kiln-openenv-run", daemon=True)
+        self.config, self.policy, self.group_size = config, policy, group_size
+        self.lock = threading.Lock()
+        self.phase = RunState.DISCOVERING
+        self.environments: list[dict] | None = None
+        self.finished = 0
+        self.per_group: dict[int, int] = {}
+        self.bundle = None
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._cancelled = threading.Event()
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - handed to the job's thread
+            self.error = exc
+
+    async def _main(self) -> None:
+        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        if self._cancelled.is_set():
+            raise asyncio.CancelledError()
+        inspections = await discover(self.config)
+        with self.lock:
+            self.environments = [inspection.identity for inspection in inspections]
+            self.phase = RunState.COLLECTING
+        self.bundle = await collect(self.config, self.policy, on_progress=self._progress)
+
+    def _progress(self, done: int, total: int, label: str) -> None:
+        match = _GROUP.match(label)
+        with self.lock:
+            self.finished = done
+            if match:
+                group = int(match.group(1))
+                self.per_group[group] = self.per_group.get(group, 0) + 1
+            if done >= total:
+                self.phase = RunState.REVALIDATING
+
+    def snapshot(self) -> tuple:
+        with self.lock:
+            groups = sum(1 for n in self.per_group.values() if n >= self.group_size)
+            return self.phase, self.environments, self.finished, groups
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop already ended
+                pass
+
+
+STAGES = {RunState.DISCOVERING: "discovery", RunState.COLLECTING: "collection",
+          RunState.REVALIDATING: "identity_verification"}
+
+
+def _persist(run: OpenEnvRun, snapshot: tuple, last: tuple | None) -> None:
+    from django.db import OperationalError
+
+    phase, environments, finished, groups = snapshot
+    request = run.request
+    progress = {"groups_completed": groups, "groups_total": request["groups"], "rollouts_completed": finished,
+                "rollouts_total": request["groups"] * request["group_size"]}
+    try:
+        if last is None or phase != last[0] or environments != last[1]:
+            fields = {"state": phase, "stage": STAGES[phase], "progress": progress}
+            if environments is not None:
+                fields["environments"] = environments
+            services.run_transition(run, from_states=ACTIVE_STATES, **fields)
+        elif (finished, groups) != last[2:]:
+            services.run_progress(run, progress)
+    except OperationalError:
+        return  # a locked database: the next tick writes the newer counts
+
+
+def _stop_reason(ctx) -> str | None:
+    from core.jobs.runner import shutting_down
+
+    if not ctx.should_stop():
+        return None
+    return "shutdown" if shutting_down() and not ctx._cancel_seen else "cancel"
+
+
+def _end_stopped(run: OpenEnvRun, reason: str, ctx):
+    from core.jobs.runner import JobCancelled
+
+    if reason == "shutdown":
+        services._interrupted(run, "its worker shut down")
+        raise KilnError("run_interrupted", "the worker shut down while the run was executing")
+    services.run_mark_cancelled(run, reason=f"cancelled while {run.state}")
+    raise JobCancelled()
+
+
+def _fail(run: OpenEnvRun, fail: dict):
+    services.run_fail(run, fail)
+    raise KilnError(fail["code"], fail["message"], hint=fail.get("hint", ""))
+
+
+def run_openenv_job(ctx) -> dict:
+    run = OpenEnvRun.objects.filter(id=ctx.payload["run_id"]).first()
+    if run is None or run.state != RunState.DISCOVERING:
+        return {"run_id": ctx.payload["run_id"], "skipped": run.state if run else "missing"}
+    from core.jobs.runner import JobCancelled
+
+    try:
+        return _execute(ctx, run)
+    except JobCancelled:
+        run.refresh_from_db()
+        if not run.is_terminal:
+            services.run_mark_cancelled(run, reason=f"cancelled while {run.state}")
+        raise
+    except Exception as exc:
+        run.refresh_from_db()
+        if not run.is_terminal:
+            services.run_fail(run, services.failure("orchestration_failed", "orchestration",
+                                                    f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        services.runs_admit()
+
+
+def _execute(ctx, run: OpenEnvRun) -> dict:
+    directory = run_dir_for(run)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(run, services.failure("artifact_publication_failed", "artifact_publication",
+                                    f"cannot create the run directory {directory}: {exc}"))
+    services.run_transition(run, from_states=[RunState.DISCOVERING], run_dir=str(directory))
+    config = collection_config(run.request, directory)
+    try:
+        policy = make_policy(run, ctx)
+    except KilnError as exc:
+        _fail(run, services.failure("model_inference_failed", "discovery", exc.message,
+                                    retryable=exc.status == 503, hint=exc.hint))
+    execution = _Execution(config, policy, run.request["group_size"])
+    execution.start()
+    last = None
+    reason = None
+    while execution.is_alive():
+        execution.join(TICK_SECONDS)
+        snapshot = execution.snapshot()
+        if snapshot != last:
+            _persist(run, snapshot, last)
+            last = snapshot
+        reason = reason or _stop_reason(ctx)
+        if reason:
+            execution.cancel()
+            execution.join()
+            break
+    run.refresh_from_db()
+    reason = reason or _stop_reason(ctx)
+    if reason or isinstance(execution.error, asyncio.CancelledError):
+        _end_stopped(run, reason or "cancel", ctx)
+    if execution.error is not None:
+        error = execution.error
+        if isinstance(error, CollectionError):
+            _fail(run, error.as_failure())
+        if isinstance(error, Exception) and hasattr(error, "failure_code"):
+            wrapped = CollectionError.from_client(error, stage=STAGES.get(run.state, "collection"))
+            _fail(run, wrapped.as_failure())
+        _fail(run, services.failure("orchestration_failed", "orchestration", f"{type(error).__name__}: {error}"))
+    _persist(run, execution.snapshot(), last)
+    return _publish(run, execution.bundle, directory)
+
+
+def _publish(run: OpenEnvRun, bundle, directory: Path) -> dict:
+    try:
+        publish(bundle)
+    except CollectionError as exc:
+        _fail(run, exc.as_failure())
+    summary = bundle.summary_value
+    artifacts = [{"kind": kind, "file": ARTIFACT_FILES[kind], "sha256": sha256_digest(data), "bytes": len(data)}
+                 for kind, data in (("dataset", bundle.dataset), ("replay", bundle.replay),
+                                    ("summary", bundle.summary))]
+    request = run.request
+    progress = {"groups_completed": request["groups"], "groups_total": request["groups"],
+                "rollouts_completed": summary["rollout_count"], "rollouts_total": summary["rollout_count"]}
+    environments = [environment["identity"] for environment in summary["environments"]]
+    if not services.run_transition(run, from_states=ACTIVE_STATES, state=RunState.ROLLOUT_READY,
+                                   stage="artifact_publication", artifacts=artifacts, progress=progress,
+                                   environments=environments, rollout_stats=summary["stats"]):
+        raise KilnError("openenv_run_state_changed", f"run {run.id} became {run.state} during publication")
+    return {"run_id": str(run.id), "state": run.state, "dataset_sha256": summary["dataset_sha256"],
+            "rollouts": summary["rollout_count"], "stats": summary["stats"]}

@@ -1,0 +1,112 @@
+"""Reads about OpenEnv runs: the `kiln.openenv-run.v5` status document, the list, the run directory.
+
+The status is built from the row: `admission.queue_position` only while a run waits, the
+artifacts manifest with each download URL, `rollout_stats` (the published summary's `stats`) once
+the artifacts are out, and `failure` (`kiln.openenv-run-failure.v1`) when the run failed. `run.json`
+holds the same document without the volatile queue position (services.run_record_write).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+
+from openenv.models import OpenEnvRun, RunState
+
+RUN_SCHEMA = "kiln.openenv-run.v5"
+LIST_SCHEMA = "kiln.openenv-run-list.v5"
+RUN_FILE = "run.json"
+ARTIFACT_FILES = {"dataset": "rollouts.jsonl", "replay": "replay.json", "summary": "summary.json"}
+ARTIFACT_KINDS = (
+    "dataset", "replay", "summary", "train_receipt", "adapter_manifest",
+    *(f"environment_eval_{side}_{what}" for side in ("baseline", "candidate") for what in ("dataset", "replay",
+                                                                                         "summary")),
+    "environment_eval_receipt",
+)
+
+
+def runs_root() -> Path:
+    """`<adapter_dir>/.openenv/runs/` (reference-spec §2.8)."""
+    return settings.KILN.layout.adapters / ".openenv" / "runs"
+
+
+def run_dir_for(run: OpenEnvRun) -> Path:
+    return runs_root() / str(run.id)
+
+
+def run_get(*, run_id: str) -> OpenEnvRun | None:
+    try:
+        key = uuid.UUID(str(run_id))
+    except ValueError:
+        return None
+    return OpenEnvRun.objects.select_related("job").filter(id=key).first()
+
+
+def run_list(*, limit: int = 200):
+    return OpenEnvRun.objects.select_related("job").order_by("-sequence")[:limit]
+
+
+def queue_position(run: OpenEnvRun) -> int | None:
+    if run.state != RunState.QUEUED or run.admitted_at is not None:
+        return None
+    return OpenEnvRun.objects.filter(state=RunState.QUEUED, admitted_at__isnull=True,
+                                     sequence__lt=run.sequence).count() + 1
+
+
+def _ms(moment) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+def artifact_url(run: OpenEnvRun, kind: str) -> str:
+    return f"/v1/openenv/runs/{run.id}/artifacts/{kind}"
+
+
+def progress_of(run: OpenEnvRun) -> dict:
+    request = run.request
+    groups, size = request.get("groups", 0), request.get("group_size", 0)
+    progress = {"groups_completed": 0, "groups_total": groups, "rollouts_completed": 0,
+                "rollouts_total": groups * size}
+    progress.update({k: v for k, v in (run.progress or {}).items() if k in progress})
+    return progress
+
+
+def run_record(run: OpenEnvRun, *, live: bool = False) -> dict:
+    """The v5 status document; `live` adds the queue position (not persisted in run.json)."""
+    admission = {"max_active_runs": settings.KILN.openenv_max_active_runs, "sequence": run.sequence}
+    if live:
+        position = queue_position(run)
+        if position is not None:
+            admission["queue_position"] = position
+    if run.admitted_at is not None:
+        admission["admitted_unix_ms"] = _ms(run.admitted_at)
+        admission["queue_wait_ms"] = max(0, _ms(run.admitted_at) - _ms(run.submitted_at))
+    out = {
+        "schema": RUN_SCHEMA, "run_id": str(run.id), "kind": run.kind, "state": run.state,
+        "stage": run.stage or None, "idempotency_key": run.idempotency_key, "request": run.request,
+        "submitted_unix_ms": _ms(run.submitted_at), "progress": progress_of(run), "admission": admission,
+        "environments": list(run.environments or []),
+        "artifacts": [{"kind": a["kind"], "url": artifact_url(run, a["kind"]), "sha256": a["sha256"],
+                       "bytes": a["bytes"]} for a in run.artifacts or []],
+        "post_evaluations": [], "cancel_requested": run.cancel_requested,
+        "job_id": str(run.job.uuid) if run.job_id and run.job else None,
+    }
+    if run.finished_at is not None:
+        out["finished_unix_ms"] = _ms(run.finished_at)
+    if run.rollout_stats is not None:
+        out["rollout_stats"] = run.rollout_stats
+    if run.failure is not None:
+        out["failure"] = run.failure
+        out["error"] = run.failure.get("message")
+    elif run.error:
+        out["error"] = run.error
+    return out
+
+
+def run_status(run: OpenEnvRun) -> dict:
+    return run_record(run, live=True)
+
+
+def runs_status_list(*, limit: int = 200) -> dict:
+    return {"schema": LIST_SCHEMA, "runs": [run_status(run) for run in run_list(limit=limit)]}

@@ -1,0 +1,307 @@
+"""Services that change OpenEnv runs (reference-spec §1.6, §4.9-4.12).
+
+- `run_submit`: idempotency (same key + same normalized request → the original run; a changed
+  request → 409), the tracked map (terminal runs past `tracked_run_ttl_secs`, then the oldest
+  terminal ones, are evicted; all tracked runs live → 503), then a `queued` row with the next
+  stable `sequence`. Concurrent identical POSTs meet the unique key: the loser reads the winner.
+- `runs_admit`: a bounded FIFO: while fewer than `max_active_runs` runs are active, the queued
+  run with the lowest sequence is admitted (state `discovering`) and its `openenv.run` job is
+  queued. Admission is serialized (SQLite: IMMEDIATE transactions; PostgreSQL: an advisory
+  lock), so the bound holds across processes. Queued runs hold no environment or model capacity.
+- `run_cancel`: a queued run is cancelled at once; an active one at the next boundary of its
+  phase (its job is asked to stop); a terminal one is refused (409 openenv_run_not_cancellable).
+- `run_transition`: every state change is a conditional UPDATE on the current state, then the
+  run.json of the run directory is rewritten atomically.
+- `runs_restore` (a control worker's boot) and `run_job_unsuccessful` (the job's hook): never
+  admitted queued runs resume in order; every other non-terminal run fails `run_interrupted` at
+  stage `restoration`, retryable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from core.artifacts import write_file
+from core.errors import KilnError
+from openenv.models import ACTIVE_STATES, TERMINAL_STATES, OpenEnvRun, RunState
+from openenv.runs.request import request_digest
+from openenv.runs.selectors import RUN_FILE, run_record
+
+log = logging.getLogger(__name__)
+
+JOB_KIND = "openenv.run"
+FAILURE_SCHEMA = "kiln.openenv-run-failure.v1"
+MAX_RUN_RECORD_BYTES = 2 * 1024 * 1024
+ADVISORY_LOCK_KEY = 0x4B494C4E4F45  # "KILNOE": serializes admission on PostgreSQL
+WRITE_ATTEMPTS = 8
+
+
+def failure(code: str, stage: str, message: str, *, retryable: bool = False, hint: str = "") -> dict:
+    return {"schema": FAILURE_SCHEMA, "code": code, "stage": stage, "retryable": retryable,
+            "message": message.encode()[:4096].decode(errors="ignore"), "hint": hint,
+            "occurred_unix_ms": int(time.time() * 1000)}
+
+
+def _serialize() -> None:
+    """Hold the admission lock until the transaction ends (SQLite serializes IMMEDIATE writers)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
+
+
+def _retrying(fn):
+    """Run a short write transaction, again while the database is locked by another writer."""
+    for attempt in range(WRITE_ATTEMPTS):
+        try:
+            return fn()
+        except OperationalError as exc:
+            if "locked" not in str(exc) or attempt == WRITE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))
+
+
+def run_record_write(run: OpenEnvRun) -> None:
+    """Store the v5 record on the row and, once the run directory exists, in its run.json."""
+    from openenv.runs.selectors import run_dir_for
+
+    record = run_record(run)
+    OpenEnvRun.objects.filter(id=run.id).update(record=record)
+    run.record = record
+    if not run.run_dir:
+        return
+    import json
+
+    data = (json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+    if len(data) > MAX_RUN_RECORD_BYTES:
+        log.warning("run %s: run.json would hold %d bytes (limit %d); not rewritten", run.id, len(data),
+                    MAX_RUN_RECORD_BYTES)
+        return
+    directory = run_dir_for(run)
+    if directory.is_dir() and not directory.is_symlink():
+        write_file(directory / RUN_FILE, data)
+
+
+# --- submission --------------------------------------------------------------------------------
+
+def _same_or_conflict(existing: OpenEnvRun, digest: str) -> tuple[OpenEnvRun, bool]:
+    if existing.request_digest != digest:
+        raise KilnError("openenv_run_idempotency_conflict",
+                        f"idempotency key {existing.idempotency_key!r} already names run {existing.id} with a "
+                        "different request", status=409,
+                        hint="retry with the exact same body, or use a new idempotency_key for a new run")
+    return existing, False
+
+
+def _evict() -> None:
+    ttl = timedelta(seconds=settings.KILN.openenv_tracked_run_ttl_secs)
+    OpenEnvRun.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=timezone.now() - ttl).delete()
+    cap = settings.KILN.openenv_max_tracked_runs
+    excess = OpenEnvRun.objects.count() - cap + 1
+    if excess > 0:
+        oldest = list(OpenEnvRun.objects.filter(state__in=TERMINAL_STATES).order_by("finished_at", "sequence")
+                      .values_list("id", flat=True)[:excess])
+        OpenEnvRun.objects.filter(id__in=oldest).delete()
+
+
+def run_submit(*, request: dict, user=None) -> tuple[OpenEnvRun, bool]:
+    """(run, created): a new queued run, or the original run of an exact idempotent retry."""
+    digest = request_digest(request)
+    key = request.get("idempotency_key")
+
+    def create() -> tuple[OpenEnvRun, bool]:
+        with transaction.atomic():
+            _serialize()
+            if key is not None:
+                existing = OpenEnvRun.objects.filter(idempotency_key=key).first()
+                if existing is not None:
+                    return _same_or_conflict(existing, digest)
+            _evict()
+            cap = settings.KILN.openenv_max_tracked_runs
+            tracked = OpenEnvRun.objects.count()
+            if tracked >= cap:
+                raise KilnError("openenv_run_capacity_full",
+                                f"{tracked} OpenEnv runs are tracked and none has finished (max_tracked_runs {cap})",
+                                status=503, headers={"Retry-After": "30"},
+                                hint="wait for runs to finish or cancel some, then submit again")
+            sequence = (OpenEnvRun.objects.aggregate(top=Max("sequence"))["top"] or 0) + 1
+            run = OpenEnvRun.objects.create(
+                sequence=sequence, idempotency_key=key, request_digest=digest, request=request,
+                kind=request["kind"], state=RunState.QUEUED, stage="admission",
+                progress={"groups_completed": 0, "groups_total": request["groups"], "rollouts_completed": 0,
+                          "rollouts_total": request["groups"] * request["group_size"]},
+                submitted_by=user if getattr(user, "is_authenticated", False) else None)
+            run_record_write(run)
+            return run, True
+
+    for _attempt in range(WRITE_ATTEMPTS):
+        try:
+            run, created = _retrying(create)
+            break
+        except IntegrityError:
+            # A concurrent identical POST won the key (or the sequence): read what it made.
+            existing = OpenEnvRun.objects.filter(idempotency_key=key).first() if key is not None else None
+            if existing is not None:
+                return _same_or_conflict(existing, digest)
+    else:
+        raise KilnError("openenv_run_create_failed", "could not record the run (sequence contention)", status=500,
+                        hint="submit again")
+    if created:
+        runs_admit()
+        run.refresh_from_db()
+    return run, created
+
+
+# --- admission ---------------------------------------------------------------------------------
+
+def runs_admit() -> list[OpenEnvRun]:
+    """Admit queued runs in sequence order while fewer than max_active_runs are active."""
+    from core.jobs.services import job_submit
+
+    def admit() -> list[OpenEnvRun]:
+        admitted = []
+        with transaction.atomic():
+            _serialize()
+            free = settings.KILN.openenv_max_active_runs - OpenEnvRun.objects.filter(state__in=ACTIVE_STATES).count()
+            waiting = OpenEnvRun.objects.filter(state=RunState.QUEUED, admitted_at__isnull=True).order_by("sequence")
+            for run in list(waiting[:max(free, 0)]):
+                try:
+                    job = job_submit(kind=JOB_KIND, payload={"run_id": str(run.id)},
+                                     title=f"OpenEnv {run.kind} run {str(run.id)[:8]}", user=run.submitted_by)
+                except KilnError as exc:  # the control queue is full: stay queued, admitted later
+                    log.warning("run %s stays queued: %s", run.id, exc.message)
+                    break
+                now = timezone.now()
+                if OpenEnvRun.objects.filter(id=run.id, state=RunState.QUEUED).update(
+                        state=RunState.DISCOVERING, stage="discovery", admitted_at=now, job=job, updated_at=now):
+                    run.refresh_from_db()
+                    run_record_write(run)
+                    admitted.append(run)
+        return admitted
+
+    return _retrying(admit)
+
+
+# --- transitions -------------------------------------------------------------------------------
+
+def run_transition(run: OpenEnvRun, *, from_states, **fields) -> bool:
+    """Move the run (conditional on its state), refresh it and rewrite its record."""
+    fields["updated_at"] = timezone.now()
+    if fields.get("state") in TERMINAL_STATES:
+        fields.setdefault("finished_at", fields["updated_at"])
+
+    def update() -> bool:
+        with transaction.atomic():
+            if not OpenEnvRun.objects.filter(id=run.id, state__in=list(from_states)).update(**fields):
+                return False
+            run.refresh_from_db()
+            run_record_write(run)
+            return True
+
+    changed = _retrying(update)
+    if not changed:
+        run.refresh_from_db()
+    return changed
+
+
+def run_progress(run: OpenEnvRun, progress: dict) -> None:
+    """Progress counts only (no record rewrite: run.json changes with the state)."""
+    OpenEnvRun.objects.filter(id=run.id, state__in=ACTIVE_STATES).update(progress=progress,
+                                                                         updated_at=timezone.now())
+    run.progress = progress
+
+
+def run_fail(run: OpenEnvRun, fail: dict) -> bool:
+    non_terminal = [s for s in RunState.values if s not in TERMINAL_STATES]
+    return run_transition(run, from_states=non_terminal, state=RunState.FAILED, stage=fail["stage"], failure=fail)
+
+
+def run_mark_cancelled(run: OpenEnvRun, *, reason: str) -> bool:
+    non_terminal = [s for s in RunState.values if s not in TERMINAL_STATES]
+    return run_transition(run, from_states=non_terminal, state=RunState.CANCELLED, error=reason[:500])
+
+
+def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
+    """Cancel a queued run now, or an active one at the next boundary of its current phase."""
+    from core.jobs.models import JobState
+    from core.jobs.services import job_cancel
+
+    who = getattr(user, "username", "") or "anonymous"
+    if run.is_terminal:
+        raise KilnError("openenv_run_not_cancellable", f"run {run.id} is already {run.state}", status=409,
+                        hint="only queued or active runs can be cancelled")
+    if run.state == RunState.QUEUED and run_transition(run, from_states=[RunState.QUEUED], state=RunState.CANCELLED,
+                                                       error=f"cancelled by {who} while queued"):
+        return run
+    if run.state in ACTIVE_STATES:
+        run_transition(run, from_states=ACTIVE_STATES, cancel_requested=True)
+        if run.job is not None and not run.job.is_terminal:
+            job = job_cancel(job=run.job, user=user)
+            if job.state == JobState.CANCELLED:  # its job had not started: nothing is running
+                run_mark_cancelled(run, reason=f"cancelled by {who} before its job started")
+                runs_admit()
+    run.refresh_from_db()
+    return run
+
+
+# --- restoration -------------------------------------------------------------------------------
+
+def _interrupted(run: OpenEnvRun, why: str) -> bool:
+    return run_fail(run, failure("run_interrupted", "restoration", f"the run was {run.state} when {why}",
+                                 retryable=True, hint="submit the run again (with a new idempotency_key)"))
+
+
+def run_job_unsuccessful(job) -> None:
+    """The `openenv.run` job ended failed or cancelled: a run it left non-terminal ends too."""
+    from core.jobs.models import JobState
+
+    for run in OpenEnvRun.objects.filter(job=job).exclude(state__in=TERMINAL_STATES):
+        if job.state == JobState.CANCELLED and job.error_code != "job_interrupted":
+            run_mark_cancelled(run, reason=job.error_message or "its job was cancelled")
+        elif job.error_code in ("job_interrupted", "job_time_limit"):
+            _interrupted(run, f"its worker stopped ({job.error_code})")
+        else:
+            run_fail(run, failure(job.error_code or "orchestration_failed", "orchestration",
+                                  job.error_message or "the run's job failed"))
+    runs_admit()
+
+
+def runs_restore(*, worker_id: str | None = None) -> dict:
+    """A control worker's boot: fail every admitted non-terminal run nobody is executing, then admit."""
+    from core.jobs.liveness import worker_is_dead
+    from core.jobs.models import Job, JobEvent, JobState, WorkerHeartbeat
+    from core.jobs.selectors import workers_alive
+    from core.jobs.services import jobs_fail_interrupted
+
+    others = [w for w in workers_alive() if w.worker_id != worker_id and "control" in (w.queues or [])]
+    failed = []
+    for run in OpenEnvRun.objects.select_related("job").exclude(state__in=TERMINAL_STATES).order_by("sequence"):
+        if run.state == RunState.QUEUED and run.admitted_at is None:
+            continue  # never admitted: resumes in sequence order below
+        job = run.job
+        if job is None or job.is_terminal:
+            pass
+        elif job.state == JobState.RUNNING:
+            if job.worker_id == worker_id or not worker_is_dead(
+                    WorkerHeartbeat.objects.filter(worker_id=job.worker_id).first()):
+                continue  # a live worker executes it
+            jobs_fail_interrupted(job_ids=[job.id], reason="its worker stopped while the run was executing")
+        elif job.state == JobState.QUEUED:
+            if others:
+                continue  # another live control worker may claim it now
+            now = timezone.now()
+            if Job.objects.filter(id=job.id, state=JobState.QUEUED).update(
+                    state=JobState.CANCELLED, error_code="job_interrupted", finished_at=now, updated_at=now,
+                    error_message="the server restarted after the run was admitted"):
+                JobEvent.objects.create(job=job, type="cancelled", message="restoration: the run was interrupted")
+        run.refresh_from_db()
+        if not run.is_terminal and _interrupted(run, "the server restarted"):
+            failed.append(str(run.id))
+    admitted = runs_admit()
+    return {"interrupted": failed, "admitted": [str(r.id) for r in admitted]}

@@ -1,0 +1,85 @@
+"""Fixtures for persisted OpenEnv runs: a throw-away KILN_HOME, an API client with a token, the
+`[openenv]` bounds, a real openenv==0.10.0 server (tests/openenv/real_server.py; module scope) and
+the deterministic fake policy (tests/openenv/collector_fakes.py) in place of the served model.
+Jobs run in process (`run_queued_jobs("control")`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from django.test import Client
+
+from core.accounts.services import token_create, user_create
+from tests.openenv.collector_fakes import FakeCounterPolicy
+from tests.openenv.real_server import RealServer, openenv_python
+
+
+@pytest.fixture
+def home(settings, tmp_path):
+    settings.KILN = replace(settings.KILN, home=tmp_path / "home")
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def bounds(settings):
+    def set_bounds(**values):
+        settings.KILN = replace(settings.KILN, **{f"openenv_{k}": v for k, v in values.items()})
+    return set_bounds
+
+
+@pytest.fixture
+def api(db):
+    user_create(username="operator", password="long-enough-pw")
+    return Client(headers={"Authorization": f"Bearer {token_create(username='operator')[1]}"},
+                  raise_request_exception=False)
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory):
+    server = RealServer(openenv_python(), tmp_path_factory.mktemp("openenv-runs"), max_sessions=8)
+    with server:
+        yield server
+
+
+class PolicyFactory:
+    """Stands in for openenv.runs.jobs.make_policy; `on_start(run)` runs in the job's thread."""
+
+    def __init__(self, policy_type=FakeCounterPolicy, on_start=None):
+        self.policy_type, self.on_start = policy_type, on_start
+        self.started: list[str] = []
+        self.policies = {}
+
+    def __call__(self, run, ctx):
+        self.started.append(str(run.id))
+        if self.on_start is not None:
+            self.on_start(run)
+        policy = self.policies[str(run.id)] = self.policy_type()
+        return policy
+
+
+@pytest.fixture
+def policies(monkeypatch):
+    factory = PolicyFactory()
+    monkeypatch.setattr("openenv.runs.jobs.make_policy", factory)
+    return factory
+
+
+def post_run(api, body):
+    return api.post("/v1/openenv/runs", data=json.dumps(body), content_type="application/json")
+
+
+def rollout_body(url, **overrides):
+    body = {"kind": "rollout", "environment_urls": [url], "groups": 2, "group_size": 2, "max_steps": 4,
+            "concurrency": 2, "seed_start": 100, "capacity_wait_seconds": 5, "reset_options": {"target": 4}}
+    body.update(overrides)
+    return body
+
+
+def error_of(response, status, code):
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "hint"}, body
+    assert body["error"]["code"] == code, body
+    return body["error"]

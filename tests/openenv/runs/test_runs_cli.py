@@ -1,0 +1,117 @@
+"""`kiln openenv start|runs|status|artifact|cancel` against the real routes, through an httpx transport
+that hands each request to Django's test client (and, after a POST when asked, runs the control
+queue in process), with a real openenv==0.10.0 server and the deterministic fake policy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import types
+
+import httpx
+import pytest
+
+from core.jobs.runner import run_queued_jobs
+from kiln_project.cli import client as client_module
+from kiln_project.cli.main import main
+from openenv.models import OpenEnvRun
+from tests.openenv.runs.conftest import rollout_body
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db, pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+def cli(api, monkeypatch):
+    """main([...]) with KilnClient talking to this test's Django through `api`."""
+    bridge = types.SimpleNamespace(execute=True)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        response = api.generic(request.method, request.url.raw_path.decode(), data=request.content,
+                               content_type=request.headers.get("content-type", "application/json"))
+        if request.method == "POST" and bridge.execute:
+            run_queued_jobs("control")
+        content = b"".join(response.streaming_content) if response.streaming else response.content
+        return httpx.Response(response.status_code, headers=dict(response.items()), content=content)
+
+    def make_client(*args, **kwargs):
+        return httpx.Client(*args, transport=httpx.MockTransport(handle), **kwargs)
+
+    monkeypatch.setattr(client_module, "httpx", types.SimpleNamespace(Client=make_client,
+                                                                      TransportError=httpx.TransportError))
+    monkeypatch.setenv("KILN_API_TOKEN", "unused-the-test-client-authenticates")
+
+    def run(*argv):
+        return main(["openenv", *argv, "--url", "http://kiln.test"])
+
+    bridge.run = run
+    return bridge
+
+
+def test_start_follow_status_runs_and_artifact(cli, home, counter, policies, tmp_path, capsys):
+    request = tmp_path / "openenv-run.json"
+    request.write_text(json.dumps(rollout_body(counter.url, idempotency_key="cli:1")))
+    assert cli.run("start", "--request", str(request), "--follow") == 0
+    out = capsys.readouterr().out.splitlines()
+    run_id = out[0].split()[1]
+    assert out[0].startswith(f"run {run_id} discovering (sequence 1)")
+    assert out[-1].startswith("rollout_ready (artifact_publication) · groups 2/2 · rollouts 4/4 · return mean ")
+    stats = OpenEnvRun.objects.get(id=run_id).rollout_stats
+    assert f"[{stats['min_episode_return']:.4g}, {stats['max_episode_return']:.4g}]" in out[-1]
+
+    # An exact retry answers the same run.
+    assert cli.run("start", "--request", str(request), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == run_id
+    assert OpenEnvRun.objects.count() == 1
+
+    assert cli.run("status", run_id) == 0
+    text = capsys.readouterr().out
+    assert f"run       {run_id}  (rollout, sequence 1)" in text and "artifact  dataset" in text
+    assert "outcomes  done 4" in text
+    assert cli.run("status", run_id, "--json", "--follow") == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "rollout_ready"
+    assert cli.run("runs") == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["RUN", "KIND", "STATE", "SEQ", "ROLLOUTS", "MEAN_RETURN"]
+    assert table[1].split()[:5] == [run_id, "rollout", "rollout_ready", "1", "4/4"]
+
+    output = tmp_path / "rollouts.jsonl"
+    assert cli.run("artifact", run_id, "dataset", "--output", str(output), "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    data = output.read_bytes()
+    assert report == {"schema": "kiln.openenv-artifact-download.v1", "run_id": run_id, "kind": "dataset",
+                      "source_url": f"/v1/openenv/runs/{run_id}/artifacts/dataset", "output_path": str(output),
+                      "sha256": "sha256:" + hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    assert data == (home / "adapters" / ".openenv" / "runs" / run_id / "rollouts.jsonl").read_bytes()
+    # An existing output needs --force; a tampered artifact is refused with the server's code.
+    assert cli.run("artifact", run_id, "dataset", "--output", str(output)) == 1
+    assert "error: openenv_artifact_output_exists" in capsys.readouterr().err
+    (home / "adapters" / ".openenv" / "runs" / run_id / "summary.json").write_text("{}\n")
+    assert cli.run("artifact", run_id, "summary", "--output", str(tmp_path / "s.json")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: openenv_artifact_integrity_failed: ")
+    assert not (tmp_path / "s.json").exists()
+    assert cli.run("cancel", run_id) == 1
+    assert capsys.readouterr().err.startswith("error: openenv_run_not_cancellable: ")
+
+
+def test_cancel_a_queued_run_and_errors_are_one_line(cli, home, policies, bounds, tmp_path, capsys):
+    bounds(max_active_runs=1)
+    cli.execute = False
+    request = tmp_path / "r.json"
+    request.write_text(json.dumps(rollout_body("http://127.0.0.1:9")))
+    assert cli.run("start", "--request", str(request), "--json") == 0
+    first = json.loads(capsys.readouterr().out)
+    assert cli.run("start", "--request", str(request), "--json") == 0
+    second = json.loads(capsys.readouterr().out)
+    assert (first["state"], second["state"], second["admission"]["queue_position"]) == ("discovering", "queued", 1)
+    assert cli.run("cancel", second["run_id"]) == 0
+    assert "state     cancelled (admission)" in capsys.readouterr().out
+    request.write_text(json.dumps(rollout_body("http://127.0.0.1:9", surprise=True)))
+    assert cli.run("start", "--request", str(request)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: openenv_invalid_request: request: surprise: unknown field (hint: the request takes "
+                   "only: " + err[0].split("only: ", 1)[1]]
+    assert cli.run("status", "00000000-0000-0000-0000-000000000000") == 1
+    assert capsys.readouterr().err.startswith("error: openenv_run_not_found: ")
+    assert cli.run("artifact", first["run_id"], "dataset", "--output", str(tmp_path / "d.jsonl")) == 1
+    assert capsys.readouterr().err.startswith("error: openenv_artifact_not_ready: ")
