@@ -134,21 +134,6 @@ def _check_recorded(corpus: AdmittedCorpus, base_adapter_name: str | None) -> No
     check_recorded_corpus(corpus.groups, model_identity=served_model_identity(), base_adapter=base)
 
 
-def _check_activation_right(config, user) -> None:
-    """auto_load activates the adapter: in a team (more than one user) that is the approver's call,
-    so a submitter without jobs.approve_promotion must train with auto_load false (the promotions
-    workflow then decides); alone on a machine, the guide's default stands."""
-    from django.contrib.auth import get_user_model
-
-    if not config.auto_load or user is None or user.has_perm("jobs.approve_promotion"):
-        return
-    if get_user_model().objects.filter(is_active=True).count() > 1:
-        raise KilnError("activation_needs_approval", "config.auto_load: activating the adapter needs the "
-                        "approve_promotion permission when more than one user exists", status=403,
-                        field="config.auto_load",
-                        hint="submit with auto_load false, or ask a user with jobs.approve_promotion")
-
-
 def _checkpoint_seed(value: str) -> int | None:
     """The effective seed the checkpoint's run used: a resume without a seed inherits it (an exact
     resume needs the same one). None when the checkpoint cannot be read; the worker then names why."""
@@ -172,7 +157,6 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
         raise _invalid(f"behavior_policy recorded needs provenance on every rollout; {missing} of "
                        f"{corpus.rollouts} have none", "config.behavior_policy",
                        "regenerate with kiln rollout-generate, or use no_importance_correction on purpose")
-    _check_activation_right(config, user)
     suite_pin = None
     if submission.post_eval is not None:
         from training.post_eval_admission import check_post_eval, submitted_rows

@@ -113,20 +113,15 @@ def test_a_resume_without_a_seed_inherits_the_checkpoints_effective_seed(api, se
     assert unknown.status_code == 200 and unknown.json()["effective_seed"].isdigit()  # the worker names it
 
 
-def test_auto_load_by_a_non_approver_is_refused_once_a_team_exists(api):
-    from django.contrib.auth.models import Permission
-
-    from core.accounts.services import token_create, user_create
+def test_auto_load_in_a_team_is_accepted_and_decided_by_the_promotion_rule(api):
+    """auto_load activates nothing by itself any more: after training it queues the serving canary
+    and activation, or, with [promotion] require_approval (on in a team), proposes a promotion that a
+    reviewer decides (training.runner._auto_load; the seed loop in tests/integration proves it)."""
+    from core.accounts.services import user_create
 
     alone = _post(api, {"groups": [GROUP], "config": {"output_name": "solo-r001"}})  # auto_load defaults to true
-    assert alone.status_code == 200, alone.content  # one user on the machine: the guide's default stands
+    assert alone.status_code == 200, alone.content
     user_create(username="reviewer", password="long-enough-pw")
-    refused = _post(api, {"groups": [GROUP], "config": {"output_name": "team-r001"}})
-    assert refused.status_code == 403 and refused.json()["error"]["code"] == "activation_needs_approval"
-    assert _post(api, {"groups": [GROUP], "config": {"output_name": "team-r001", "auto_load": False}}).status_code == 200
-    approver = user_create(username="approver", password="long-enough-pw")
-    approver.user_permissions.add(Permission.objects.get(codename="submit_job"),
-                                  Permission.objects.get(codename="approve_promotion"))
-    approver_api = Client(headers={"Authorization": f"Bearer {token_create(username='approver')[1]}"})
-    assert _post(approver_api, {"groups": [GROUP], "config": {"output_name": "team-r002"}}).status_code == 200
-    assert not Job.objects.filter(payload__adapter_name="team-r001", payload__config__auto_load=True).exists()
+    team = _post(api, {"groups": [GROUP], "config": {"output_name": "team-r001"}})
+    assert team.status_code == 200, team.content
+    assert Job.objects.filter(payload__adapter_name="team-r001", payload__config__auto_load=True).exists()
