@@ -221,8 +221,13 @@ def prefix_attention_mask(prefix: int, length: int, device) -> Tensor:
     return torch.cat([torch.ones(length, prefix, dtype=torch.bool, device=device), causal], dim=1)
 
 
-def sequence_logprobs(plan: Plan, ids: Tensor, start: int, *, prefix: int = 0, checkpoint_segments: int = 0):
+def sequence_logprobs(
+    plan: Plan, ids: Tensor, start: int, *, prefix: int = 0, checkpoint_segments: int = 0, head=None
+):
     """(B, T) log p(ids[:, t] | ids[:, <t]) for t >= start (0 before) of right-padded rows.
+
+    `head(plan, hidden, targets)` replaces `lm_logprobs` (the fused kernel of
+    `gpu_runtime.kernels.lm_head`, when the kernel selection says Triton).
 
     With `prefix` >= 1 the rows' first `prefix` tokens are identical (a group's prompt): they run
     once as a batch of one, and the rest of every row attends to their keys and values (with
@@ -250,5 +255,5 @@ def sequence_logprobs(plan: Plan, ids: Tensor, start: int, *, prefix: int = 0, c
     else:
         hidden, _ = forward(plan, ids, checkpoint_segments=checkpoint_segments)
         hidden = hidden[:, start - 1 : width - 1]
-    selected = lm_logprobs(plan, hidden, ids[:, start:])
+    selected = (head or lm_logprobs)(plan, hidden, ids[:, start:])
     return torch.cat([selected.new_zeros(batch, start), selected], dim=1)

@@ -37,6 +37,7 @@ from transformers.cache_utils import DynamicCache
 from gpu_runtime import kv_cache, lean_decoder
 from gpu_runtime.adapters import AdapterManager, AdapterResolver
 from gpu_runtime.admission import admit_request
+from gpu_runtime.kernels import selection
 from gpu_runtime.sample_types import (
     SOURCE_FORCED,
     SOURCE_SAMPLED,
@@ -103,6 +104,8 @@ class Sampler:
         reason = lean_decoder.unsupported_reason(self._model)
         self.forward_path = "lean" if reason is None else "transformers"
         self.lean_unsupported_reason = reason
+        # The sampling step (filters + draw) runs as one Triton kernel on CUDA, else in torch.
+        self.kernels = selection.choose(self._device)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -347,12 +350,25 @@ class Sampler:
             for row, seq in enumerate(seqs):
                 if seq.penalties is not None:
                     logits[row] = apply_penalties(logits[row], seq.params, seq.penalties)
-        logprobs = behavior_logprobs(logits, [s.params for s in seqs])
         forced = [s.forced_next() for s in seqs]
         uniforms = [
             0.0 if f is not None or s.params.greedy else s.uniform()
             for s, f in zip(seqs, forced, strict=True)
         ]
+        if self.kernels.triton:
+            # Each request's own uniforms: a seed gives the same tokens on either path.
+            from gpu_runtime.kernels.sampling import sample
+
+            token_t, chosen_t = sample(
+                logits,
+                [s.params for s in seqs],
+                uniforms=torch.tensor(uniforms, dtype=torch.float64, device=logits.device),
+                forced=forced,
+            )
+            for seq, token, logprob, f in zip(seqs, token_t.tolist(), chosen_t.tolist(), forced, strict=True):
+                seq.accept(token, logprob, SOURCE_FORCED if f is not None else SOURCE_SAMPLED)
+            return
+        logprobs = behavior_logprobs(logits, [s.params for s in seqs])
         drawn = draw_tokens(logprobs, torch.tensor(uniforms, dtype=torch.float64, device=logprobs.device))
         tokens = drawn
         if any(f is not None for f in forced):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 from django.conf import settings
 from ninja import Router
 
@@ -16,4 +19,30 @@ def get_config(request):
         "config": settings.KILN.public_dict(),
         "serving_profile": settings.KILN.serving_profile,
         "job_kinds": [{"name": k.name, "queue": k.queue, "category": k.category} for k in registered_kinds()],
+        "kernels": kernel_selection(),
+    }
+
+
+def kernel_selection() -> dict:
+    """The GPU worker's kernel choice as far as this process can tell without importing torch or
+    triton (the web process never does): the KILN_KERNELS mode and whether triton is installed.
+    The worker decides per device (gpu_runtime.kernels.selection: Triton on CUDA, else torch) and
+    records the choice and any fallback reason in each train receipt."""
+    mode = os.environ.get("KILN_KERNELS", "auto").strip().lower() or "auto"
+    installed = importlib.util.find_spec("triton") is not None
+    interpreted = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+    if mode == "torch":
+        on_cuda, reason = "torch", "KILN_KERNELS=torch"
+    elif not installed:
+        on_cuda, reason = "torch", "triton is not installed (pip install -e .[gpu])"
+    else:
+        on_cuda, reason = "triton", None
+    return {
+        "requested": mode,
+        "triton_installed": installed,
+        "backend_on_cuda": on_cuda,
+        # Off CUDA Triton runs only when forced under the interpreter (the tests' CPU check).
+        "backend_elsewhere": "triton" if mode == "triton" and on_cuda == "triton" and interpreted else "torch",
+        "fallback_reason": reason,
+        "recorded_in": "train receipt runtime.execution_provenance.kernels",
     }

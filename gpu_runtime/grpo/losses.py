@@ -206,33 +206,9 @@ def _check_batch(batch: GrpoBatch, config) -> None:
             raise ValueError("ECHO needs observation_lengths (|O| per completion)")
 
 
-def grpo_loss(batch: GrpoBatch, config) -> tuple[Tensor, dict]:
-    """The scalar loss for one optimizer step and its stats (plain Python numbers).
-
-    loss = aggregate(surrogate + kl_coeff * KL * entropy_mask) + ECHO, where under token_level the
-    per-completion ECHO terms add up (as the per-completion gradients accumulate into one step),
-    and under per_sample the loss is the mean over completions with a term (B=1 in training).
-    `no_policy_loss` drops the surrogate and the KL term; ECHO alone remains.
-    """
-    batch = _on_policy_device(batch)
-    _check_batch(batch, config)
-    policy = batch.policy_logprobs
-    if policy.dtype not in (torch.float32, torch.float64):
-        policy = policy.float()  # the ratio and clipping maths need at least fp32
-    mask = batch.action_mask.bool()
-    env_mask = None if batch.env_mask is None else batch.env_mask.bool()
-    # Zero every position no term reads, so padding values (e.g. -inf) can never leak NaN into the
-    # loss or, through a where() backward, into the gradient.
-    active = mask if env_mask is None else mask | env_mask
-    policy = _only(policy, active)
-    behavior = _only(batch.behavior_logprobs, mask)
-    reference = _only(batch.reference_logprobs, mask)
-    adv = batch.advantages.detach().to(device=policy.device, dtype=policy.dtype)
+def _policy_and_kl(policy, log_ratio, mask, adv, reference, config, stats: dict) -> tuple[Tensor, Tensor]:
+    """The (B,) policy and KL parts of the loss (torch path); fills the surrogate and KL stats."""
     eps_low, eps_high = config.clip_bounds
-    recorded = config.behavior_policy == "recorded"
-    log_ratio = importance_log_ratio(policy, behavior if recorded else None, mask)
-
-    stats: dict = {"is_level": config.is_level, "completions": int(mask.shape[0])}
     if config.is_level == "token":
         surrogate, ratio, unclipped = token_surrogate(log_ratio, adv, mask, eps_low, eps_high)
         observed, lower, upper = ratio[mask], 1.0 - eps_low, 1.0 + eps_high
@@ -269,6 +245,43 @@ def grpo_loss(batch: GrpoBatch, config) -> tuple[Tensor, dict]:
     else:
         policy_part = aggregate(surrogate, mask, config.loss_aggregation)
         kl_part = aggregate(kl_tokens, mask, config.loss_aggregation)
+    return policy_part, kl_part
+
+
+def grpo_loss(batch: GrpoBatch, config, *, kernels=None) -> tuple[Tensor, dict]:
+    """The scalar loss for one optimizer step and its stats (plain Python numbers).
+
+    loss = aggregate(surrogate + kl_coeff * KL * entropy_mask) + ECHO, where under token_level the
+    per-completion ECHO terms add up (as the per-completion gradients accumulate into one step),
+    and under per_sample the loss is the mean over completions with a term (B=1 in training).
+    `no_policy_loss` drops the surrogate and the KL term; ECHO alone remains.
+    """
+    batch = _on_policy_device(batch)
+    _check_batch(batch, config)
+    policy = batch.policy_logprobs
+    if policy.dtype not in (torch.float32, torch.float64):
+        policy = policy.float()  # the ratio and clipping maths need at least fp32
+    mask = batch.action_mask.bool()
+    env_mask = None if batch.env_mask is None else batch.env_mask.bool()
+    # Zero every position no term reads, so padding values (e.g. -inf) can never leak NaN into the
+    # loss or, through a where() backward, into the gradient.
+    active = mask if env_mask is None else mask | env_mask
+    policy = _only(policy, active)
+    behavior = _only(batch.behavior_logprobs, mask)
+    reference = _only(batch.reference_logprobs, mask)
+    adv = batch.advantages.detach().to(device=policy.device, dtype=policy.dtype)
+    recorded = config.behavior_policy == "recorded"
+    log_ratio = importance_log_ratio(policy, behavior if recorded else None, mask)
+
+    stats: dict = {"is_level": config.is_level, "completions": int(mask.shape[0])}
+    if kernels is not None and kernels.triton and policy.dtype == torch.float32:
+        # The fused kernel (gpu_runtime.kernels.token_loss); this function's torch maths is its oracle.
+        from gpu_runtime.grpo.fused_loss import fused_policy_and_kl
+
+        policy_part, kl_part = fused_policy_and_kl(policy, mask, adv, behavior, reference, config, stats)
+    else:
+        policy_part, kl_part = _policy_and_kl(policy, log_ratio, mask, adv, reference, config, stats)
+    zero = torch.zeros(mask.shape[0], dtype=policy.dtype, device=policy.device)
     participating = mask.any(dim=1) & (not config.loss.no_policy_loss)
 
     echo_part = zero

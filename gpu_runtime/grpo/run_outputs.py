@@ -116,6 +116,7 @@ class RunOutputs:
                 "torch": torch.__version__,
                 "reference_path": getattr(getattr(self, "stepper", None), "reference_path", None),
                 "forward_path": getattr(getattr(self, "stepper", None), "forward_path", None),
+                "kernels": _kernel_record(getattr(self, "stepper", None), getattr(self, "device", None)),
                 "inference_config_sha256": (self.identity or {}).get("inference_config_sha256"),
             },
         }
@@ -227,3 +228,21 @@ def _to_cpu(value):
     if isinstance(value, tuple):
         return tuple(_to_cpu(v) for v in value)
     return value
+
+
+def _kernel_record(stepper, device) -> dict | None:
+    """The kernel selection (backend, what was asked, why it fell back) and where it applied."""
+    if stepper is None:
+        if device is None:
+            return None
+        from gpu_runtime.kernels import selection
+
+        return selection.choose(device).to_record()
+    record = stepper.kernels.to_record()
+    fused = stepper.kernels.triton
+    record["applied"] = {
+        # The fused head needs the lean forward's hidden states; the transformers forward keeps logits.
+        "linear_logprobs": fused and stepper.lean_policy is not None,
+        "token_loss": fused,
+    }
+    return record

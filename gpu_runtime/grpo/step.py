@@ -32,6 +32,7 @@ from gpu_runtime.grpo.errors import TrainingError
 from gpu_runtime.grpo.flat_optim import FlatAdamW, FlatParameters, FlatSGD, flat_layout_supported
 from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss
 from gpu_runtime.grpo.reference import shared_prefix_reference_logprobs
+from gpu_runtime.kernels import selection
 
 
 @dataclass
@@ -124,6 +125,15 @@ class GroupStepper:
 
     def __post_init__(self) -> None:
         self.device = next(self.model.parameters()).device
+        # Triton kernels (fused LM-head log-probs, fused token loss) or the torch path.
+        self.kernels = selection.choose(self.device)
+        self.head = None
+        if self.kernels.triton:
+            from gpu_runtime.kernels.lm_head import fused_lm_logprobs
+
+            self.head = fused_lm_logprobs
+        elif self.kernels.requested == "triton":
+            self._fallback("triton_kernels", "torch", self.kernels.fallback_reason)
         self.params = trainable_parameters(self.model)
         self.grad_tensors = [p for _, p in self.params]
         # Plans reference the live tensors: optimizer steps and EMA swaps need no re-planning.
@@ -163,6 +173,7 @@ class GroupStepper:
                 start,
                 prefix=self._prefix(ids, lengths),
                 checkpoint_segments=self.config.grad_checkpoint_segments or 0,
+                head=self.head,
             )
         if self.keep_logits:
             try:
@@ -205,7 +216,9 @@ class GroupStepper:
             out = None
             if self.lean_policy is not None:
                 plan = self.lean_policy if self.config.kl_reference_policy.kind == "ema" else self.lean_base
-                out = lean_decoder.sequence_logprobs(plan, tensors.ids, tensors.start, prefix=prefix)
+                out = lean_decoder.sequence_logprobs(
+                    plan, tensors.ids, tensors.start, prefix=prefix, head=self.head
+                )
                 self.reference_path = "shared_prefix" if prefix else "batched"
             elif prefix and self.reference_path != "batched":
                 seqs = [row[:n].tolist() for row, n in zip(tensors.ids, tensors.lengths, strict=True)]
@@ -267,7 +280,7 @@ class GroupStepper:
             if tensors.observation_lengths is None
             else tensors.observation_lengths.index_select(0, index),
         )
-        loss, stats = grpo_loss(batch, self.config)
+        loss, stats = grpo_loss(batch, self.config, kernels=self.kernels)
         if not torch.isfinite(loss):
             raise TrainingError(
                 "nan_loss", f"the loss is {loss.item()} (not finite)", failure_reason="nan_loss"
