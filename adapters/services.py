@@ -1,6 +1,6 @@
-"""Adapter state changes: reserve a name for a training job, publish it, release it on failure,
-activate and unload it, demote it, upload one, delete one. Every change appends an AdapterTransition
-(who, why, which job) in the transaction that makes it."""
+"""Adapter state changes: reserve a name for a training job, publish it, release it on failure, load
+it (through adapters.activation: the serving canary) and unload it, demote it, upload one, delete one.
+Every change appends an AdapterTransition (who, why, which job) in the transaction that makes it."""
 
 from __future__ import annotations
 
@@ -112,20 +112,6 @@ def adapter_release(*, name: str, reason: str = "") -> None:
                           actor=job.submitted_by if job is not None else None,
                           reason=reason or (f"training job {job.uuid} ended {job.state} without publishing"
                                             if job is not None else "released without publishing"))
-
-
-def adapter_activate(*, name: str, actor=None, reason: str = "", job=None) -> Adapter:
-    """Mark a published adapter active for serving (auto_load, a passed post-eval gate, or by hand)."""
-    with transaction.atomic():
-        adapter = Adapter.objects.select_for_update().filter(name=name, state=AdapterState.PUBLISHED).first()
-        if adapter is None:
-            raise KilnError("adapter_not_found", f"no published adapter named {name!r}", status=404)
-        if not adapter.loaded:
-            Adapter.objects.filter(id=adapter.id).update(loaded=True)
-            transition_record(name=name, from_state=AdapterStatus.AVAILABLE, to_state=AdapterStatus.ACTIVE,
-                              actor=actor, job=job, content_sha256=adapter.content_sha256,
-                              reason=reason or "activated")
-    return Adapter.objects.get(name=name)
 
 
 def adapter_demote(*, name: str, actor=None, reason: str = "", job=None) -> Path | None:

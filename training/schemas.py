@@ -134,6 +134,7 @@ class TrainingDetail(TrainingStatus):
     effective_config: dict | None = None
     post_eval: dict | None = None
     post_eval_job_id: str | None = None
+    activation_job_id: str | None = None  # auto_load without a gate: the serving canary + activation job
     states: dict | None = None  # training, evaluation, activation: each with its state and time
 
 

@@ -52,7 +52,8 @@ class ModelHost:
             self.sampler = Sampler(self.loaded, lambda name: adapter_published_path(name=name))
             set_worker_status(model={"loaded": True, "served_model_id": self.loaded.served_model_id,
                                      "device": str(self.loaded.device), "dtype": str(self.loaded.dtype),
-                                     "identity": self.loaded.identity})
+                                     "identity": self.loaded.identity,
+                                     "kernels": self.sampler.kernels.to_record()})  # triton or torch, and why
             log.info("model %s loaded on %s", self.loaded.served_model_id, self.loaded.device)
         finally:
             self._ready.set()

@@ -1,8 +1,8 @@
 """The adapter tests' fixtures (defined in tests/adapters/support.py with the helpers)."""
 
-from tests.adapters.support import api, home, make_client, peft_adapter  # noqa: F401
-
 import pytest  # noqa: E402
+
+from tests.adapters.support import api, home, make_client, peft_adapter  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from adapters.activation import make_active
 from adapters.models import Adapter, AdapterTransition, AdapterTransitionError
-from adapters.services import adapter_activate, adapter_demote, adapter_release, adapter_reserve
+from adapters.services import adapter_demote, adapter_release, adapter_reserve
 from core.jobs.models import Job
 from core.jobs.services import job_submit
 from core.models import Receipt, ReceiptKind
@@ -64,7 +65,7 @@ def test_detail_has_files_history_training_job_evaluations_and_lineage(api, home
     _job("eval.run", payload={"mode": "compare", "suite": {"name": "held"},
                               "targets": [{"adapter": "mid"}, {"adapter": "leaf"}]},
          result={"targets": [{"index": 0, "accuracy": 0.25, "total": 4}, {"index": 1, "accuracy": 0.75, "total": 4}]})
-    adapter_activate(name="leaf", reason="post_eval gate passed", job=post_eval)
+    make_active(name="leaf", reason="post_eval gate passed", job=post_eval)
     detail = ok(api.get("/v1/adapters/leaf/detail"))
     assert detail["status"] == "active" and detail["active"] is True
     folder = home / "adapters" / "leaf"
@@ -81,7 +82,7 @@ def test_detail_has_files_history_training_job_evaluations_and_lineage(api, home
     [eval_job] = detail["evaluations"]["eval_jobs"]
     assert eval_job["accuracy"] == 0.75 and eval_job["suite"] == "held" and eval_job["targets"] == ["mid", "leaf"]
     assert [(p["name"], p["status"]) for p in detail["lineage"]] == [("mid", "available"), ("root", "available")]
-    assert [r["kind"] for r in detail["receipts"]] == ["post_eval_gate"]
+    assert [r["kind"] for r in detail["receipts"]] == ["post_eval_gate", "activation"]
     publish(home, peft_adapter, "orphan", base_adapter="gone")
     assert ok(api.get("/v1/adapters/orphan/detail"))["lineage"] == [{"name": "gone", "missing": True}]
     error(api.get("/v1/adapters/nope/detail"), 404, "adapter_not_found")

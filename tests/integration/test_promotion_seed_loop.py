@@ -23,7 +23,15 @@ from pathlib import Path
 import pytest
 
 from gpu_runtime.tiny_tasks import arithmetic_example, draw_arithmetic
-from tests.integration.test_post_eval_gate_e2e import POST_EVAL, SUITE_SIZE, _config, _groups, _settled, _suite, _train
+from tests.integration.test_post_eval_gate_e2e import (
+    POST_EVAL,
+    SUITE_SIZE,
+    _config,
+    _groups,
+    _settled,
+    _suite,
+    _train,
+)
 from tests.support.stack import wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -1,6 +1,6 @@
-from tests.promotions.support import home  # noqa: F401
-
 import pytest  # noqa: E402
+
+from tests.promotions.support import home  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

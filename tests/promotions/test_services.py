@@ -98,14 +98,14 @@ def test_a_non_approver_cannot_decide(home):
 
 
 def test_a_stale_promotion_is_refused_after_the_incumbent_changed(home):
-    from adapters.services import adapter_activate
+    from adapters.activation import make_active
 
     requester, reviewer, _ = users()
     published(home, "a", loaded=True)
     published(home, "b")
     published(home, "c")
     promotion = promotion_request(candidate="b", user=requester, reason="")
-    adapter_activate(name="c", reason="someone loaded another by hand")
+    make_active(name="c", reason="someone loaded another by hand")
     assert _code(lambda: promotion_approve(promotion_id=promotion.id, user=reviewer, reason="ok")) \
         == "promotion_stale"
     assert Promotion.objects.get(id=promotion.id).state == "pending" and not Adapter.objects.get(name="b").loaded
