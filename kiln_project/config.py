@@ -6,6 +6,7 @@ Pure module (no Django import): settings.py, the CLI and the workers all read th
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tomllib
@@ -66,6 +67,9 @@ class KilnConfig:
     promotion_max_kl_to_reference: float = 0.5
     promotion_min_length_ratio: float = 0.5
     promotion_max_length_ratio: float = 2.0
+    # [training.defaults] (or KILN_TRAINING_DEFAULTS, a JSON object, which replaces the table): GRPO
+    # config fields every submission gets unless its request sets them (training.config_defaults).
+    training_defaults: dict = field(default_factory=dict)
 
     @property
     def dataset_roots(self) -> tuple[Path, ...]:
@@ -222,7 +226,29 @@ def load_config(env: dict | None = None) -> KilnConfig:
         promotion_allow_self_approval=bool(_optional_bool(env, "KILN_PROMOTION_ALLOW_SELF_APPROVAL", promotion_toml,
                                                           "allow_self_approval", False)),
         **_promotion_bounds(env, promotion_toml),
+        training_defaults=_training_defaults(env, training_toml),
     )
+
+
+def _training_defaults(env: dict, training_toml: dict) -> dict:
+    """[training.defaults] or KILN_TRAINING_DEFAULTS (which wins, whole), checked as a GrpoConfig:
+    an unknown key, an invalid value or a per-run identity field is a ConfigError naming it."""
+    from core.contracts.grpo_values import GrpoConfigError
+    from training.config_defaults import check_training_defaults
+
+    if "KILN_TRAINING_DEFAULTS" in env:
+        where = "KILN_TRAINING_DEFAULTS"
+        try:
+            table = json.loads(env["KILN_TRAINING_DEFAULTS"] or "{}")
+        except ValueError as exc:
+            raise ConfigError(f"KILN_TRAINING_DEFAULTS must be a JSON object: {exc}") from None
+    else:
+        where, table = "[training.defaults]", training_toml.get("defaults", {})
+    try:
+        return check_training_defaults(table)
+    except GrpoConfigError as exc:
+        field = "" if exc.field == "training.defaults" else f" {exc.field}"
+        raise ConfigError(f"{where}{field}: {exc.message}") from None
 
 
 def _positive_float(env: dict, name: str, table: dict, key: str, default: float) -> float:

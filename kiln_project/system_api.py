@@ -18,6 +18,8 @@ def get_config(request):
     return {
         "config": settings.KILN.public_dict(),
         "serving_profile": settings.KILN.serving_profile,
+        # What every GRPO submission gets for the config fields its request leaves out.
+        "training_defaults": settings.KILN.training_defaults,
         "job_kinds": [{"name": k.name, "queue": k.queue, "category": k.category} for k in registered_kinds()],
         "kernels": kernel_selection(),
     }

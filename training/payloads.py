@@ -25,6 +25,10 @@ class GrpoJobPayload:
     post_eval_suite_hash: str | None = None  # the suite checked at submission: the gate evaluates this one
     ignored_config_keys: tuple[str, ...] = field(default_factory=tuple)
     dry_run: bool = False
+    # Where each effective config field came from: "request", "server_defaults" or "default"
+    # (training.config_defaults), and the server's [training.defaults] table at submission.
+    config_sources: dict[str, str] = field(default_factory=dict)
+    server_training_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def effective_seed(self) -> int:
@@ -50,6 +54,8 @@ class GrpoJobPayload:
             post_eval=PostEvalConfig.from_dict(data["post_eval"]) if data.get("post_eval") else None,
             post_eval_suite_hash=data.get("post_eval_suite_hash"),
             ignored_config_keys=tuple(data.get("ignored_config_keys") or ()), dry_run=bool(data.get("dry_run")),
+            config_sources=dict(data.get("config_sources") or {}),
+            server_training_defaults=dict(data.get("server_training_defaults") or {}),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -61,6 +67,8 @@ class GrpoJobPayload:
             "post_eval": self.post_eval.to_dict() if self.post_eval else None,
             "post_eval_suite_hash": self.post_eval_suite_hash,
             "dry_run": self.dry_run,
+            "config_sources": dict(self.config_sources),
+            "server_training_defaults": dict(self.server_training_defaults),
             "effective_seed": str(self.effective_seed),  # the API's decimal string, for readers of the row
             "snapshot_path": self.snapshot_path,
             "training_data": self.training_data,

@@ -97,6 +97,8 @@ def run_grpo_job(ctx) -> dict:
         source_kind=data["source"], source_path=data.get("path"), device="auto",
         source_lineage={key: data[key] for key in LINEAGE_KEYS if data.get(key) is not None} or None,
         failure_receipt_path=settings.KILN.layout.failure_receipt(ctx.job_id),
+        config_sources=dict(payload.config_sources) or None,
+        server_training_defaults=dict(payload.server_training_defaults),
     )
     request.failure_receipt_path.parent.mkdir(parents=True, exist_ok=True)
     recorder = ProgressRecorder(ctx)

@@ -25,7 +25,8 @@ SEED_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": grpo.MAX_S
 
 GRPO_CONFIG = dataclass_schema(
     grpo.GrpoConfig, title="GrpoConfig",
-    description="GRPO hyperparameters (reference-spec §3); every field optional, unknown keys ignored.",
+    description="GRPO hyperparameters (reference-spec §3); every field optional, unknown keys ignored. A field "
+                "left out takes the server's [training.defaults] (GET /v1/config), else the default shown.",
     choices={"behavior_policy": grpo.BEHAVIOR_POLICIES, "is_level": grpo.IS_LEVELS,
              "advantage_mode": grpo.ADVANTAGE_MODES, "loss_aggregation": grpo.LOSS_AGGREGATIONS,
              "kl_estimator": grpo.KL_ESTIMATORS, "reward_filter_on_empty": grpo.REWARD_FILTER_ON_EMPTY},
@@ -132,6 +133,9 @@ class TrainingDetail(TrainingStatus):
     train_receipt: dict | None = None
     latest_checkpoint: str | None = None
     effective_config: dict | None = None
+    # {field: "request" | "server_defaults" | "default"} for effective_config, and the server's table.
+    config_sources: dict | None = None
+    server_training_defaults: dict = {}
     post_eval: dict | None = None
     post_eval_job_id: str | None = None
     activation_job_id: str | None = None  # auto_load without a gate: the serving canary + activation job

@@ -138,7 +138,9 @@ def training_detail(job: Job) -> dict:
         "kl_history": job.metrics.get("kl_history", []),
         "train_receipt": _receipt(adapter_path, job),
         "latest_checkpoint": job.result.get("latest_checkpoint") or job.metrics.get("latest_checkpoint"),
-        "effective_config": payload.config.to_dict(),
+        "effective_config": payload.config.to_dict(),  # built-in <- [training.defaults] <- the request
+        "config_sources": payload.config_sources or None,
+        "server_training_defaults": payload.server_training_defaults,
         "post_eval": payload.post_eval.to_dict() if payload.post_eval else None,
     }
 

@@ -26,6 +26,7 @@ from core.contracts.grpo_submission import GrpoSubmission
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
 from core.jobs.services import job_submit
+from training.config_defaults import apply_training_defaults
 from training.payloads import GrpoJobPayload
 
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
@@ -113,13 +114,20 @@ def _admit_source(body: dict) -> tuple[AdmittedCorpus, dict]:
         raise _invalid(str(exc).split(": ", 1)[1], exc.field) from None
 
 
-def _parse_submission(body: dict) -> GrpoSubmission:
+def _parse_submission(body: dict) -> tuple[GrpoSubmission, dict[str, str]]:
+    """The request's config over the server's [training.defaults] over GrpoConfig's own defaults:
+    the one place every route (typed, streamed dataset_path, named dataset, UI, OpenEnv) builds
+    its effective config. Returns the submission and each config field's source."""
+    defaults = settings.KILN.training_defaults
+    merged, sources = apply_training_defaults(body.get("config"), defaults)
     try:
-        return GrpoSubmission.from_request(body)
+        return GrpoSubmission.from_request({**body, "config": merged}), sources
     except GrpoConfigError as exc:
         field = exc.field if exc.field.startswith(("config", "post_eval")) else f"config.{exc.field}"
+        hint = ("this config combines the request with the server's [training.defaults] (GET /v1/config)"
+                if field.startswith("config") and "server_defaults" in sources.values() else "")
         raise KilnError(getattr(exc, "code", "training_invalid_request"), f"{field}: {exc.message}",
-                        status=400, field=field) from None
+                        status=400, field=field, hint=hint) from None
 
 
 def _check_recorded(corpus: AdmittedCorpus, base_adapter_name: str | None) -> None:
@@ -149,7 +157,7 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
     """Validate and queue a GRPO request. Returns (job, effective_seed)."""
     if not isinstance(body, dict):
         raise _invalid("must be a JSON object", "request")
-    submission = _parse_submission(body)
+    submission, config_sources = _parse_submission(body)
     config = submission.config
     corpus, provenance = _admit_source(body)
     if config.behavior_policy == "recorded" and corpus.with_provenance != corpus.rollouts:
@@ -182,6 +190,8 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
                 post_eval=submission.post_eval, post_eval_suite_hash=suite_pin and suite_pin["suite_hash"],
                 ignored_config_keys=tuple(sorted(config.ignored_keys)),
                 dry_run=submission.dry_run,
+                config_sources=config_sources,
+                server_training_defaults=dict(settings.KILN.training_defaults),
             )
             job = job_submit(kind="training.grpo", payload=payload, title=f"GRPO → {output_name}", user=user)
             adapter_reserve(name=output_name, job=job, base_adapter=config.base_adapter or "")

@@ -35,6 +35,7 @@ from core.contracts.grpo_values import (
     check_number,
     check_optional_number,
     check_range,
+    default_learning_rate,
 )
 
 __all__ = [
@@ -296,16 +297,33 @@ class GrpoConfig:
 
     @property
     def resolved_learning_rate(self) -> float:
+        """The explicit learning_rate, exactly; else the optimizer's default for this LoRA scale
+        (grpo_values.default_learning_rate: Muon 1e-4 and AdamW 1e-5 at alpha/rank 2, divided by
+        (alpha/rank) / 2; SGD 1e-5)."""
         if self.learning_rate is not None:
             return self.learning_rate
-        return GRPO_DEFAULT_LEARNING_RATE[self.optimizer.kind]
+        return self.default_learning_rate
+
+    @property
+    def default_learning_rate(self) -> float:
+        return default_learning_rate(self.optimizer.kind, self.alpha_over_rank)
+
+    @property
+    def learning_rate_rule(self) -> str:
+        """How resolved_learning_rate was reached, for the receipt."""
+        if self.learning_rate is not None:
+            return "explicit"
+        if self.optimizer.kind == "sgd":
+            return "sgd default 1e-5"
+        base = GRPO_DEFAULT_LEARNING_RATE[self.optimizer.kind]
+        return f"{self.optimizer.kind} default {base:g} x 2 / (lora_alpha / lora_rank)"
 
     @property
     def warnings(self) -> tuple[str, ...]:
         """Non-fatal findings: the learning-rate band warning (explicit value > 50x off)."""
         if self.learning_rate is None:
             return ()
-        default = GRPO_DEFAULT_LEARNING_RATE[self.optimizer.kind]
+        default = self.default_learning_rate
         ratio = self.learning_rate / default
         if ratio > LEARNING_RATE_BAND or ratio < 1 / LEARNING_RATE_BAND:
             return (

@@ -175,9 +175,27 @@ class OptimizerConfig:
         return out
 
 
-# Per-optimizer GRPO learning-rate defaults (spec §3) and the 50x band warning.
-GRPO_DEFAULT_LEARNING_RATE = {"muon": 2e-3, "adam_w": 1e-5, "sgd": 1e-5}
+# Per-optimizer GRPO learning-rate defaults at the reference LoRA scale alpha/rank = 2 (the default
+# rank 16, alpha 32), and the 50x band warning. Muon's was 2e-3 (spec §3); issue 17's study
+# (benchmarks/defaults_study.py, docs/tiny-model.md) measured it collapsing the demo model in one
+# round, and 1e-4 safe. Muon and AdamW take steps whose size does not depend on the gradient's
+# scale, so the weight delta a step adds, (alpha/rank) * dB @ A, grows linearly with the LoRA scale
+# (measured: rank 4/alpha 8 moves W exactly as far per step as rank 16/alpha 32): their default is
+# divided by the scale relative to 2 (`default_learning_rate`). An explicit learning_rate is used as given.
+GRPO_DEFAULT_LEARNING_RATE = {"muon": 1e-4, "adam_w": 1e-5, "sgd": 1e-5}
+REFERENCE_LORA_SCALE = 2.0
+SCALE_INVARIANT_OPTIMIZERS = ("muon", "adam_w")
 LEARNING_RATE_BAND = 50.0
+
+
+def default_learning_rate(kind: str, alpha_over_rank: float) -> float:
+    """The learning rate a config without one gets: the optimizer's reference default, scaled by
+    REFERENCE_LORA_SCALE / (alpha/rank) for Muon and AdamW (their weight update per step is
+    proportional to the LoRA scale); SGD's step already carries the scale through its gradient."""
+    base = GRPO_DEFAULT_LEARNING_RATE[kind]
+    if kind in SCALE_INVARIANT_OPTIMIZERS:
+        return base * REFERENCE_LORA_SCALE / alpha_over_rank
+    return base
 
 
 # ---- KL reference policy ---------------------------------------------------------------------

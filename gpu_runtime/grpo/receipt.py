@@ -195,8 +195,14 @@ def build_receipt(
     lora_delta_norms: list,
     smoke_test: dict | None,
     extra: dict | None = None,
+    config_sources: dict | None = None,
+    server_training_defaults: dict | None = None,
 ) -> dict[str, Any]:
-    """The spec §2.9 receipt. `failure` is (failure_reason, failure_message) or None."""
+    """The spec §2.9 receipt. `failure` is (failure_reason, failure_message) or None.
+
+    `config_sources` ({field: "request"|"server_defaults"|"default"}) and the server's
+    `[training.defaults]` table, when the run came through the server, say which parts of `config`
+    the request chose; `config` itself is always the full effective configuration."""
     config_dict = config.to_dict()
     echo = config.loss.echo
     audit = ledger.policy_audit()
@@ -234,6 +240,7 @@ def build_receipt(
             "alpha": config.lora_alpha,
             "alpha_over_rank": config.alpha_over_rank,
             "learning_rate": config.resolved_learning_rate,
+            "learning_rate_rule": config.learning_rate_rule,
             "optimizer": config.optimizer.to_dict(),
             "epochs": 1,
             "seed": None if config.seed is None else str(config.seed),
@@ -272,6 +279,9 @@ def build_receipt(
         "config": config_dict,
         "warnings": list(config.warnings),
     }
+    if config_sources is not None:
+        receipt["config_sources"] = dict(config_sources)
+        receipt["server_training_defaults"] = dict(server_training_defaults or {})
     if smoke_test is not None:
         receipt["adapter_smoke_test"] = smoke_test
     if extra:

@@ -150,6 +150,8 @@ class RunOutputs:
             lora_delta_norms=norms or [],
             smoke_test=smoke,
             extra=extra,
+            config_sources=request.config_sources,
+            server_training_defaults=request.server_training_defaults,
         )
 
     def _failure_path(self) -> Path:

@@ -40,6 +40,10 @@ class TrainRequest:
     failure_receipt_path: Path | None = None  # None: <output_dir>.train_receipt.failed.json
     replay_recorded_behavior: bool = True  # recorded: recompute behavior log-probs at setup
     model_identity: dict | None = None  # a known model_loading.identity_of() result: skip re-hashing weights
+    # Where each config field came from ("request" | "server_defaults" | "default") and the server's
+    # [training.defaults] table; the receipt records both (None: not a server submission).
+    config_sources: dict | None = None
+    server_training_defaults: dict | None = None
 
 
 @dataclass

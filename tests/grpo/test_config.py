@@ -14,7 +14,7 @@ from core.contracts.grpo_config import GrpoConfig, GrpoConfigError, resolve_effe
 def test_defaults_match_spec():
     c = GrpoConfig.from_dict({})
     d = c.to_dict()
-    assert d["learning_rate"] is None and c.resolved_learning_rate == 2e-3  # Muon default
+    assert d["learning_rate"] is None and c.resolved_learning_rate == 1e-4  # Muon default at alpha/rank 2 (issue 17)
     assert d["optimizer"] == {
         "kind": "muon",
         "momentum": 0.95,
@@ -65,8 +65,8 @@ def test_optimizer_variants_and_learning_rate_resolution():
     assert GrpoConfig.from_dict({"optimizer": {"kind": "sgd"}}).resolved_learning_rate == 1e-5
     assert GrpoConfig.from_dict({"learning_rate": 3e-4}).resolved_learning_rate == 3e-4
     assert GrpoConfig.from_dict({"learning_rate": 3e-3}).warnings == ()
-    (warning,) = GrpoConfig.from_dict({"learning_rate": 0.2}).warnings  # 100x the Muon default
-    assert "100x above" in warning
+    (warning,) = GrpoConfig.from_dict({"learning_rate": 0.2}).warnings  # 2000x the Muon default
+    assert "2000x above" in warning
 
 
 def test_kl_reference_policy_forms():
