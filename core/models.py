@@ -17,6 +17,7 @@ class ReceiptKind(models.TextChoices):
     ACTIVATION = "activation", "adapter activation"
     PROMOTION = "promotion", "promotion request"
     APPROVAL = "approval", "promotion decision"
+    ENVIRONMENT_EVAL = "environment_eval", "OpenEnv environment evaluation"
 
 
 class AppendOnlyError(Exception):

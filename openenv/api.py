@@ -41,9 +41,11 @@ from openenv.client.tasks import CATALOG_SCHEMA, DEFAULT_PAGE, MAX_PAGE, task_ca
 from openenv.client.urls import Endpoint, normalize_url
 from openenv.runs.api import require_enabled
 from openenv.runs.api import router as runs_router
+from openenv.training.api import router as training_router
 
 router = Router(tags=["openenv"])
 router.add_router("/runs", runs_router)  # /v1/openenv/runs (openenv/runs/api.py)
+router.add_router("/training", training_router)  # /v1/openenv/training/preflight (openenv/training/api.py)
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_URLS = 64

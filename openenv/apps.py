@@ -2,7 +2,8 @@
 
 The pure client and collector (openenv.client, openenv.collector) import no Django; this app wires
 them into the job system. The `openenv.run` kind runs on the control queue (no GPU in the worker
-that collects: every policy turn is sampled through the infer queue).
+that collects: every policy turn is sampled through the infer queue). A `kind: train` run then follows
+its `training.grpo` job (openenv.training.follow, a post_save receiver on JobEvent).
 """
 
 from django.apps import AppConfig
@@ -15,7 +16,13 @@ class OpenEnvConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.db.models.signals import post_save
+
         from core.jobs.kinds import JobKind, register_job_kind
+        from core.jobs.models import JobEvent
+        from openenv.training.follow import on_job_event
 
         register_job_kind(JobKind(name="openenv.run", queue="control", handler="openenv.runs.jobs:run_openenv_job",
                                   category="openenv", on_unsuccessful="openenv.runs.services:run_job_unsuccessful"))
+        # A train run follows its training job and that job's post-eval as they change (any process).
+        post_save.connect(on_job_event, sender=JobEvent, dispatch_uid="openenv.training.follow")

@@ -20,12 +20,20 @@ class RunState(models.TextChoices):
     COLLECTING = "collecting"
     REVALIDATING = "revalidating"
     ROLLOUT_READY = "rollout_ready"
+    SUBMITTING = "submitting"
+    TRAINING_QUEUED = "training_queued"
+    TRAINING_RUNNING = "training_running"
+    POST_EVALUATING = "post_evaluating"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
-ACTIVE_STATES = (RunState.DISCOVERING, RunState.COLLECTING, RunState.REVALIDATING)
+# The collection phase (the run's own `openenv.run` job executes it), then the training phase (the run
+# follows its `training.grpo` job and that job's post-eval). Both count against max_active_runs.
+COLLECTION_STATES = (RunState.DISCOVERING, RunState.COLLECTING, RunState.REVALIDATING, RunState.SUBMITTING)
+TRAINING_STATES = (RunState.TRAINING_QUEUED, RunState.TRAINING_RUNNING, RunState.POST_EVALUATING)
+ACTIVE_STATES = COLLECTION_STATES + TRAINING_STATES
 TERMINAL_STATES = (RunState.ROLLOUT_READY, RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 
 
@@ -46,6 +54,17 @@ class OpenEnvRun(models.Model):
     error = models.CharField(max_length=500, blank=True)  # legacy one-line reason (cancellation)
     cancel_requested = models.BooleanField(default=False)
     record = models.JSONField(default=dict, blank=True)  # the run.json content last written
+    # kind train: the sealed kiln.openenv-training-contract.v1 and its digest (set at submission),
+    # the private behavior-adapter snapshot, the training selection, the training job and its answer.
+    training_contract = models.JSONField(null=True, blank=True)
+    training_contract_sha256 = models.CharField(max_length=80, blank=True)
+    behavior_snapshot = models.JSONField(null=True, blank=True)
+    training_selection = models.JSONField(null=True, blank=True)
+    training_data = models.JSONField(null=True, blank=True)  # kiln.openenv-training-data.v1
+    warnings = models.JSONField(default=list, blank=True)
+    training_job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="openenv_training_runs")
+    training_submission = models.JSONField(null=True, blank=True)  # the TrainingResponse
     run_dir = models.CharField(max_length=1000, blank=True)
     job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="openenv_runs")
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -32,9 +32,11 @@ from openenv.client.discovery import CLIENT_PROFILE
 from openenv.client.errors import OpenEnvError
 from openenv.collector import formats, prompts
 from openenv.collector.config import reset_plan_sha256
+from openenv.collector.selection import select_for_training
 
 MAX_FILE_BYTES = formats.MAX_ARTIFACT_BYTES
 ACCEPTED_SUMMARY_SCHEMAS = (formats.SUMMARY_SCHEMA,)
+CONTRACT_SCHEMA = "kiln.openenv-training-contract.v1"
 REPLAY_KEYS = {"schema", "client_profile", "dataset_sha256", "configuration_sha256", "protocol_error_reward",
                "max_steps", "environments", "groups"}
 GROUP_KEYS = {"group_index", "environment_index", "seed", "reset_payload", "reset_observation", "candidates"}
@@ -150,7 +152,14 @@ def _summary(data: bytes) -> dict:
         raise VerificationError("summary", "is not in its canonical form (pretty JSON with a trailing newline); "
                                 "the file was edited")
     keys = set(formats.SUMMARY_KEYS)
-    _keys(summary, "summary", keys - formats.OPTIONAL_CONFIGURATION_KEYS, formats.OPTIONAL_CONFIGURATION_KEYS)
+    _keys(summary, "summary", keys - formats.OPTIONAL_CONFIGURATION_KEYS,
+          formats.OPTIONAL_CONFIGURATION_KEYS | set(formats.TRAINING_SUMMARY_KEYS))
+    if ("training_contract" in summary) != ("training_selection" in summary):
+        raise VerificationError("summary", "a train run's summary carries both training_selection and "
+                                "training_contract, or neither")
+    if "training_contract" in summary and (not isinstance(summary["training_contract"], dict) or
+                                           summary["training_contract"].get("schema") != CONTRACT_SCHEMA):
+        raise VerificationError("summary.training_contract", "is not a kiln.openenv-training-contract.v1")
     if summary["schema"] not in ACCEPTED_SUMMARY_SCHEMAS:
         raise VerificationError("summary.schema", f"{_short(summary['schema'])} is not a supported summary version")
     for key in ("groups", "group_size", "rollout_count", "seed_start", "max_steps", "dataset_bytes", "replay_bytes"):
@@ -314,6 +323,8 @@ def verify(summary_path: Path | str, *, dataset_path: Path | str | None = None,
         _same_deep(f"summary.rollouts[{index}]", found, expected)
     _same_deep("summary.stats", summary["stats"], formats.statistics(records))
     groups = _dataset(dataset, replay, summary)
+    if "training_selection" in summary:
+        _same_deep("summary.training_selection", summary["training_selection"], select_for_training(groups).summary)
     report = {"schema": formats.VERIFICATION_SCHEMA, "summary_path": str(summary_path.resolve()),
               "dataset_path": str(dataset_path.resolve()), "replay_path": str(replay_path.resolve()),
               "dataset_sha256": summary["dataset_sha256"], "replay_sha256": summary["replay_sha256"],

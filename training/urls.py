@@ -8,7 +8,6 @@ from training import rollout_views, views
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="ui:training_grpo", permanent=False), name="training"),
     path("grpo/", views.grpo_page, name="training_grpo"),
-    path("openenv/", views.openenv_page, name="training_openenv"),
     path("rollouts/", rollout_views.rollouts_page, name="training_rollouts"),
     path("rollouts/scorers/", rollout_views.scorer_register_view, name="scorer_register"),
     path("rollouts/<uuid:job_id>/files/<str:name>", rollout_views.rollout_file_view, name="rollout_file"),

@@ -20,7 +20,6 @@ from adapters.models import AdapterState
 from adapters.selectors import adapter_list
 from core.contracts.groups import GroupError, check_corpus_size, parse_jsonl
 from core.errors import KilnError
-from core.jobs.fragments import category_page
 from evaluations.suite_selectors import suite_list
 from training import fragments as training_fragments
 from training.services import grpo_submit
@@ -165,12 +164,6 @@ def _render(request, *, values: dict, error: KilnError | None = None, forbidden:
 def _blank_values() -> dict:
     return {**{name: "" for name in TEXT_FIELDS}, "behavior_policy": "no_importance_correction", "auto_load": True,
             "post_eval_data_scope": "held-out", "post_eval_include_baseline": False}
-
-
-@login_required
-def openenv_page(request):
-    """Training → OpenEnv: the OpenEnv runs' table (the run form lands with the OpenEnv issues)."""
-    return category_page(request, category="openenv", template="ui/training_openenv.html")
 
 
 @login_required

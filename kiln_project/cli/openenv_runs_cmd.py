@@ -10,7 +10,12 @@ Thin clients of /v1/openenv/runs (the server collects; these commands only talk 
 - `artifact RUN KIND --output F [--force]`: streams a manifest-bound artifact, checks its bytes and
   SHA-256 against the server's Content-Length and ETag, then publishes F atomically
   (`kiln.openenv-artifact-download.v1` with --json); an existing F needs --force;
-- `cancel RUN`: DELETE, the run stops at the next boundary of its phase.
+- `cancel RUN`: DELETE, the run stops at the next boundary of its phase (in training: the training
+  job stops at its next group boundary);
+- `train --environment URL --output-adapter NAME [...]`: collect and train in one command: builds
+  a kind-train request from the guide's flags (a fresh idempotency key unless given), posts it and
+  follows it like `start --follow`, with the trainer's state, progress and loss once training runs,
+  then the selection warnings and the published adapter.
 All take `--json`. Errors print one line with the server's stable code and exit non-zero.
 """
 
@@ -26,7 +31,7 @@ from pathlib import Path
 from kiln_project.cli.client import CliError, KilnClient
 from kiln_project.cli.output import print_json, print_table
 
-COMMANDS = ("start", "runs", "status", "artifact", "cancel")
+COMMANDS = ("start", "runs", "status", "artifact", "cancel", "train")
 MAX_REQUEST_BYTES = 1024 * 1024
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 TERMINAL = frozenset({"rollout_ready", "completed", "failed", "cancelled"})
@@ -35,7 +40,116 @@ TRANSFER_TIMEOUT = 600.0
 DOWNLOAD_SCHEMA = "kiln.openenv-artifact-download.v1"
 
 
+def _train_parser(sub, common) -> None:
+    from kiln_project.cli.rollout_cmd import parse_bool, parse_budget, positive_int
+
+    p = sub.add_parser("train", parents=[common], help="collect OpenEnv episodes, then train a LoRA with GRPO",
+                       description="Submit a persisted kind-train run (POST /v1/openenv/runs): the server "
+                                   "preflights and seals the training contract, collects, selects, trains with "
+                                   "native GRPO and publishes the adapter; this command follows it.")
+    p.add_argument("target", nargs="?", metavar="URL", help="environment URL (or use --environment)")
+    p.add_argument("--environment", action="append", default=[], metavar="URL", help="environment URL (repeat)")
+    p.add_argument("--credential-id", action="append", default=[], metavar="ID|-",
+                   help="the server's credential handle for the aligned --environment; - = public")
+    p.add_argument("--adapter", default="base", help="behavior adapter (base, none or null: the base model)")
+    p.add_argument("--output-adapter", required=True, help="the name of the LoRA to train (a new revision)")
+    p.add_argument("--groups", type=positive_int, default=8)
+    p.add_argument("--group-size", type=positive_int, default=4)
+    p.add_argument("--seed-start", type=int, default=0)
+    p.add_argument("--reset-options", type=Path, metavar="FILE", help="one JSON reset object for every environment")
+    p.add_argument("--environment-reset-options", action="append", default=[], metavar="FILE|-",
+                   help="a JSON reset object per --environment, aligned; - for an empty slot")
+    p.add_argument("--max-steps", type=positive_int, default=8)
+    p.add_argument("--concurrency", type=positive_int, default=4)
+    p.add_argument("--max-action-tokens", type=positive_int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--thinking", type=parse_bool, default=True, metavar="BOOL", help="default true")
+    p.add_argument("--thinking-budget-tokens", type=parse_budget, default=None, metavar="N|unlimited")
+    p.add_argument("--protocol-error-reward", type=float, default=-1.0)
+    p.add_argument("--max-recoverable-errors", type=int, default=3)
+    p.add_argument("--capacity-wait-seconds", type=float, default=300.0)
+    p.add_argument("--lora-rank", type=positive_int, default=None, help="LoRA rank (default: the trainer's)")
+    p.add_argument("--training-config", type=Path, metavar="FILE", help="GRPO overrides (a GrpoConfig JSON object)")
+    p.add_argument("--post-eval-suite", metavar="SUITE", help="prove it after training: an installed eval suite")
+    p.add_argument("--auto-load", type=parse_bool, default=True, metavar="BOOL", help="default true")
+    p.add_argument("--idempotency-key", help="a non-secret retry key (default: a fresh one per invocation)")
+    p.add_argument("--no-follow", action="store_true", help="submit and print the run, without waiting")
+
+
+def train_request(args) -> dict:
+    """The kind-train OpenEnvRunRequest the flags describe."""
+    import uuid
+
+    from kiln_project.cli.openenv_cmd import _reset_file
+
+    urls = ([args.target] if args.target else []) + list(args.environment)
+    if not urls:
+        raise CliError("openenv_invalid_url", "give an environment URL", "kiln openenv train --environment URL ...")
+    if args.reset_options is not None and args.environment_reset_options:
+        raise CliError("openenv_invalid_request", "give --reset-options or --environment-reset-options, not both")
+    body = {"kind": "train", "idempotency_key": args.idempotency_key or f"cli:{uuid.uuid4()}",
+            "environment_urls": urls, "adapter": args.adapter, "output_adapter": args.output_adapter,
+            "groups": args.groups, "group_size": args.group_size, "seed_start": args.seed_start,
+            "max_steps": args.max_steps, "concurrency": args.concurrency, "max_action_tokens": args.max_action_tokens,
+            "temperature": args.temperature, "thinking": args.thinking,
+            "protocol_error_reward": args.protocol_error_reward, "max_recoverable_errors": args.max_recoverable_errors,
+            "capacity_wait_seconds": args.capacity_wait_seconds, "auto_load": args.auto_load}
+    if args.credential_id:
+        body["credential_ids"] = [None if handle == "-" else handle for handle in args.credential_id]
+    if args.thinking_budget_tokens is not None:
+        body["thinking_budget_tokens"] = args.thinking_budget_tokens
+    if args.reset_options is not None:
+        body["reset_options"] = _reset_file(args.reset_options)
+    if args.environment_reset_options:
+        body["environment_reset_options"] = [None if item == "-" else _reset_file(Path(item))
+                                             for item in args.environment_reset_options]
+    config = {}
+    if args.training_config is not None:
+        try:
+            config = json.loads(args.training_config.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise CliError("training_invalid_request", f"cannot read {args.training_config}: {exc}") from None
+        if not isinstance(config, dict):
+            raise CliError("training_invalid_request", f"{args.training_config} must hold one JSON object")
+    if args.lora_rank is not None:
+        config["lora_rank"] = args.lora_rank
+        config.setdefault("lora_alpha", 2 * args.lora_rank)  # as kiln train grpo: keep alpha/rank at 2
+    if config:
+        body["training_config"] = config
+    if args.post_eval_suite:
+        body["post_eval"] = {"suite": args.post_eval_suite}
+    return body
+
+
+def _train(client: KilnClient, args) -> int:
+    status = client.post("/v1/openenv/runs", json=train_request(args))
+    if args.no_follow:
+        return _show(status, args)
+    if not args.json:
+        contract = status.get("training_contract") or {}
+        config = contract.get("effective_config") or {}
+        policy = contract.get("behavior_policy") or {}
+        print(f"run {status['run_id']} {status['state']} (sequence {status['admission']['sequence']})")
+        print(f"contract  {status.get('training_contract_sha256')}: rank {config.get('lora_rank')}, "
+              f"{(config.get('optimizer') or {}).get('kind')}, output {config.get('output_name')}, "
+              f"auto_load {str(config.get('auto_load')).lower()}, policy {policy.get('served_model_id')}"
+              + (f"+{policy['adapter']['name']}" if policy.get("adapter") else ""))
+    code = _follow(client, status, args)
+    if not args.json:
+        final = client.get(_path(status["run_id"]))
+        for warning in final.get("warnings") or []:
+            print(f"warning   {warning}")
+        training = final.get("training") or {}
+        if training.get("adapter_name") and final["state"] == "completed":
+            print(f"adapter   {training['adapter_name']} (training job {training['job_id']}; receipt: kiln openenv "
+                  f"artifact {final['run_id']} train_receipt --output train_receipt.json)")
+        elif final["state"] == "completed" and final.get("error"):
+            print(f"reason    {final['error']}")
+    return code
+
+
 def add_parsers(sub, common) -> None:
+    _train_parser(sub, common)
     start = sub.add_parser("start", parents=[common], help="submit a persisted OpenEnv run (POST /v1/openenv/runs)")
     start.add_argument("--request", type=Path, required=True, metavar="FILE", help="the JSON request body (≤ 1 MiB)")
     start.add_argument("--follow", action="store_true", help="wait for a terminal state, printing progress")
@@ -45,7 +159,7 @@ def add_parsers(sub, common) -> None:
     status.add_argument("--follow", action="store_true", help="wait for a terminal state, printing progress")
     artifact = sub.add_parser("artifact", parents=[common], help="download a run's artifact, checked by SHA-256")
     artifact.add_argument("run_id", metavar="RUN")
-    artifact.add_argument("kind", metavar="KIND", help="dataset, replay or summary (rollout runs)")
+    artifact.add_argument("kind", metavar="KIND", help="dataset, replay, summary; train_receipt, adapter_manifest")
     artifact.add_argument("--output", type=Path, required=True, metavar="F")
     artifact.add_argument("--force", action="store_true", help="replace an existing output file")
     cancel = sub.add_parser("cancel", parents=[common], help="cancel a run at the next boundary of its phase")
@@ -64,6 +178,8 @@ def run(args) -> int:
         return _follow(client, status, args) if args.follow else _show(status, args)
     if command == "artifact":
         return _artifact(client, args)
+    if command == "train":
+        return _train(client, args)
     return _show(client.delete(_path(args.run_id)), args)
 
 
@@ -102,13 +218,26 @@ def _return_text(status: dict) -> str:
     return f" · return mean {stats['mean_episode_return']:.4g}{span}"
 
 
+def _trainer_text(status: dict) -> str:
+    training = status.get("training")
+    if not training:
+        return ""
+    text = f" · trainer {training['state']} {100 * (training.get('progress') or 0):.0f}%"
+    if training.get("step") is not None and training.get("total_steps"):
+        text += f" step {training['step']}/{training['total_steps']}"
+    if isinstance(training.get("current_loss"), int | float):
+        text += f" loss {training['current_loss']:.4g}"
+    return text
+
+
 def progress_line(status: dict) -> str:
     p = status.get("progress") or {}
     where = status["state"] + (f" ({status['stage']})" if status.get("stage") else "")
     position = (status.get("admission") or {}).get("queue_position")
     queued = f" · position {position}" if position else ""
     return (f"{where}{queued} · groups {p.get('groups_completed', 0)}/{p.get('groups_total', 0)} · rollouts "
-            f"{p.get('rollouts_completed', 0)}/{p.get('rollouts_total', 0)}{_return_text(status)}")
+            f"{p.get('rollouts_completed', 0)}/{p.get('rollouts_total', 0)}{_return_text(status)}"
+            f"{_trainer_text(status)}")
 
 
 def _follow(client: KilnClient, status: dict, args) -> int:
@@ -151,6 +280,14 @@ def _show(status: dict, args) -> int:
         print(f"outcomes  done {stats['done_count']}, max_steps {stats['max_steps_count']}, invalid "
               f"{stats['invalid_model_action_count']}, protocol {stats['protocol_error_count']}; "
               f"{stats['total_environment_steps']} steps, {stats['total_model_tokens']} policy tokens")
+    if status.get("training_contract_sha256"):
+        print(f"contract  {status['training_contract_sha256']}")
+    if status.get("training"):
+        training = status["training"]
+        print(f"training  job {training['job_id']} → {training.get('adapter_name')}: {training['state']}"
+              f"{_trainer_text(status).split(training['state'], 1)[-1]}")
+    for warning in status.get("warnings") or []:
+        print(f"warning   {warning}")
     for artifact in status.get("artifacts") or []:
         print(f"artifact  {artifact['kind']:<8} {artifact['bytes']:>10} B  {artifact['sha256']}")
     if status.get("failure"):

@@ -34,6 +34,7 @@ from openenv.collector.config import CollectionConfig
 from openenv.collector.episode import BehaviorWitness, CandidateResult, EpisodeSettings, run_candidate
 from openenv.collector.errors import CollectionError
 from openenv.collector.policy import Policy, Sampling
+from openenv.collector.selection import select_for_training
 
 Progress = Callable[[int, int, str], None]
 
@@ -173,7 +174,8 @@ async def revalidate(config: CollectionConfig, before: list) -> None:
 def build_bundle(config: CollectionConfig, environments: list[dict], groups: list[dict], lines: list[dict],
                  behavior_policy: dict | None, budget: RetainedBudget) -> Bundle:
     try:
-        dataset = admit_groups(lines).jsonl
+        admitted = admit_groups(lines)
+        dataset = admitted.jsonl
         admit_jsonl(dataset)
     except GroupError as exc:
         raise CollectionError("openenv_corpus_invalid", f"the collected corpus does not pass the group checker: {exc}",
@@ -202,6 +204,9 @@ def build_bundle(config: CollectionConfig, environments: list[dict], groups: lis
     summary.update(dataset_sha256=sha256_digest(dataset), dataset_bytes=len(dataset),
                    replay_sha256=sha256_digest(replay), replay_bytes=len(replay),
                    stats=formats.statistics(records), rollouts=records)
+    if config.training_contract is not None:
+        summary.update(training_selection=select_for_training(admitted.groups).summary,
+                       training_contract=config.training_contract)
     summary_bytes = formats.pretty_bytes(summary)
     for name, data in (("the JSONL", dataset), ("the replay", replay), ("the summary", summary_bytes)):
         if len(data) > formats.MAX_ARTIFACT_BYTES:

@@ -64,6 +64,9 @@ class CollectionConfig:
     retained_bytes_limit: int = RETAINED_BYTES_BUDGET - CONTRACT_RESERVE_BYTES
     keepalive_interval_s: float = 10.0
     request_timeout_s: float = 60.0
+    # A train run's sealed kiln.openenv-training-contract.v1: embedded in the summary with the
+    # training selection (reference-spec §2.5 v4+). None for a rollout.
+    training_contract: dict | None = None
     extra: dict = field(default_factory=dict)
 
     # --- derived -------------------------------------------------------------------------------

@@ -40,6 +40,8 @@ OPTIONAL_CONFIGURATION_KEYS = frozenset({"thinking_budget_tokens"})
 HASH_KEYS = ("dataset_sha256", "dataset_bytes", "replay_sha256", "replay_bytes")
 SUMMARY_KEYS = ("schema", *CONFIGURATION_KEYS[:4], "environments", *CONFIGURATION_KEYS[4:], *HASH_KEYS,
                 "stats", "rollouts")
+# A train run's summary adds these two (v4+): the training selection and the sealed contract.
+TRAINING_SUMMARY_KEYS = ("training_selection", "training_contract")
 
 
 def pretty_bytes(value) -> bytes:

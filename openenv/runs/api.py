@@ -5,8 +5,9 @@ rejected, 400 `openenv_invalid_request` naming the field), applies the server's 
 (loopback-only URLs unless allowed, 403; server credential handles, 400; a published adapter,
 400), then records the run: 202 a new run, 200 an exact idempotent retry, 409 a changed reuse of
 the key, 503 a full tracked map. Admission comes before discovery: nothing here contacts an
-environment. `kind: "train"` is validated in full, then refused with 501
-`openenv_training_not_available` (this server collects rollouts only; train with `kiln train grpo`).
+environment. A new `kind: "train"` run is first preflighted (openenv.training.preflight: its
+refusals keep their training codes) and carries the sealed training contract from its first row;
+`environment_eval` is refused with 501 `openenv_environment_eval_not_available` for now.
 GET lists and reads runs (`kiln.openenv-run.v5`); DELETE cancels one; the artifact route streams a
 manifest-bound file after re-checking it on the open descriptor (openenv.runs.downloads).
 """
@@ -135,12 +136,20 @@ def runs_create(request, body: OpenEnvRunRequest):
     except RunRequestError as exc:
         raise _invalid(exc) from None
     _server_checks(value)
+    seal = None
     if value["kind"] == "train":
-        raise KilnError("openenv_training_not_available",
-                        "kind train (collect, then train with GRPO) is not available on this server yet; the "
-                        "request is valid", status=501,
-                        hint="submit kind rollout, then train on its dataset artifact with kiln train grpo")
-    run, created = run_submit(request=value, user=request.user)
+        if value.get("environment_eval") is not None:
+            raise KilnError("openenv_environment_eval_not_available",
+                            "environment_eval (held-out environment returns and their gate) is not available on "
+                            "this server yet; the request is valid", status=501,
+                            hint="submit the train run without environment_eval (a static post_eval may gate it)")
+        from openenv.training.preflight import training_preflight
+
+        def seal():
+            return training_preflight(adapter=value["adapter"], output_adapter=value["output_adapter"],
+                                      training_config=value.get("training_config"), auto_load=value["auto_load"],
+                                      post_eval=value.get("post_eval"))
+    run, created = run_submit(request=value, user=request.user, seal=seal)
     return Status(202 if created else 200, run_status(run))
 
 

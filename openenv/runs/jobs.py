@@ -1,11 +1,16 @@
-"""The `openenv.run` job (control queue): one admitted `kind: rollout` run, through the shared collector.
+"""The `openenv.run` job (control queue): one admitted run, through the shared collector.
 
 Stages (the run's state, persisted at each change): `discovering` (discovery of every URL,
 `openenv.collector.collect.discover`), `collecting` (`collect`: groups x candidates, whose last
 step is the identity re-verification), `revalidating` (every episode finished: discovery again),
 then the three artifacts are published together into the run directory
 `<adapter_dir>/.openenv/runs/<run-id>/` (rollouts.jsonl, replay.json, summary.json, beside
-run.json) and the run is `rollout_ready` with its manifest and the summary's `stats`.
+run.json) and a rollout run is `rollout_ready` with its manifest and the summary's `stats`.
+A `kind: train` run first re-checks its sealed contract and snapshots a named behavior adapter
+(openenv.training.behavior), collects with every reply held to the contract's behavior policy,
+embeds the contract and the training selection in its summary, then is `submitting`: selection
+and the GRPO job (openenv.training.submission); the job ends there and the run follows the
+training job (openenv.training.follow).
 
 The collection runs on its own event loop in a thread; this (the job's) thread owns every
 database write: it persists progress, watches for cancellation (`ctx.should_stop()`: the job was
@@ -26,7 +31,7 @@ from core.errors import KilnError
 from openenv.collector import ChatCompletionPolicy, CollectionError
 from openenv.collector.collect import collect, discover, publish
 from openenv.collector.config import adapter_name
-from openenv.models import ACTIVE_STATES, OpenEnvRun, RunState
+from openenv.models import COLLECTION_STATES, OpenEnvRun, RunState
 from openenv.runs import services
 from openenv.runs.request import collection_config
 from openenv.runs.selectors import ARTIFACT_FILES, run_dir_for
@@ -139,7 +144,7 @@ def _persist(run: OpenEnvRun, snapshot: tuple, last: tuple | None) -> None:
             fields = {"state": phase, "stage": STAGES[phase], "progress": progress}
             if environments is not None:
                 fields["environments"] = environments
-            services.run_transition(run, from_states=ACTIVE_STATES, **fields)
+            services.run_transition(run, from_states=COLLECTION_STATES, **fields)
         elif (finished, groups) != last[2:]:
             services.run_progress(run, progress)
     except OperationalError:
@@ -201,11 +206,19 @@ def _execute(ctx, run: OpenEnvRun) -> dict:
                                     f"cannot create the run directory {directory}: {exc}"))
     services.run_transition(run, from_states=[RunState.DISCOVERING], run_dir=str(directory))
     config = collection_config(run.request, directory)
+    train = run.kind == "train"
+    if train:
+        _seal_behavior(run, directory)
+        config.training_contract = run.training_contract
     try:
         policy = make_policy(run, ctx)
     except KilnError as exc:
         _fail(run, services.failure("model_inference_failed", "discovery", exc.message,
                                     retryable=exc.status == 503, hint=exc.hint))
+    if train:
+        from openenv.training.behavior import ContractPolicy
+
+        policy = ContractPolicy(policy, run.training_contract["behavior_policy"])
     execution = _Execution(config, policy, run.request["group_size"])
     execution.start()
     last = None
@@ -237,6 +250,24 @@ def _execute(ctx, run: OpenEnvRun) -> dict:
     return _publish(run, execution.bundle, directory)
 
 
+def _seal_behavior(run: OpenEnvRun, directory: Path) -> None:
+    """kind train: the sealed contract re-checked, and a named behavior adapter snapshotted privately."""
+    from openenv.training import contract as contracts
+    from openenv.training.behavior import BehaviorDrift, snapshot_behavior_adapter
+
+    try:
+        contracts.check_contract(run.training_contract, run.training_contract_sha256)
+    except contracts.ContractInvalid as exc:
+        _fail(run, services.failure("persisted_contract_invalid", "admission", str(exc),
+                                    hint="submit the run again"))
+    try:
+        snapshot = snapshot_behavior_adapter(run, directory)
+    except BehaviorDrift as exc:
+        _fail(run, services.failure(exc.code, "admission", exc.message, retryable=exc.retryable, hint=exc.hint))
+    if snapshot is not None:
+        services.run_transition(run, from_states=[RunState.DISCOVERING], behavior_snapshot=snapshot)
+
+
 def _publish(run: OpenEnvRun, bundle, directory: Path) -> dict:
     try:
         publish(bundle)
@@ -250,9 +281,18 @@ def _publish(run: OpenEnvRun, bundle, directory: Path) -> dict:
     progress = {"groups_completed": request["groups"], "groups_total": request["groups"],
                 "rollouts_completed": summary["rollout_count"], "rollouts_total": summary["rollout_count"]}
     environments = [environment["identity"] for environment in summary["environments"]]
-    if not services.run_transition(run, from_states=ACTIVE_STATES, state=RunState.ROLLOUT_READY,
-                                   stage="artifact_publication", artifacts=artifacts, progress=progress,
-                                   environments=environments, rollout_stats=summary["stats"]):
+    train = run.kind == "train"
+    if not services.run_transition(run, from_states=COLLECTION_STATES,
+                                   state=RunState.SUBMITTING if train else RunState.ROLLOUT_READY,
+                                   stage="training_submission" if train else "artifact_publication",
+                                   artifacts=artifacts, progress=progress, environments=environments,
+                                   rollout_stats=summary["stats"]):
         raise KilnError("openenv_run_state_changed", f"run {run.id} became {run.state} during publication")
+    if train:
+        from core.contracts.groups import admit_jsonl
+        from openenv.training.submission import submit_training
+
+        return {**submit_training(run, admit_jsonl(bundle.dataset).groups),
+                "dataset_sha256": summary["dataset_sha256"], "rollouts": summary["rollout_count"]}
     return {"run_id": str(run.id), "state": run.state, "dataset_sha256": summary["dataset_sha256"],
             "rollouts": summary["rollout_count"], "stats": summary["stats"]}

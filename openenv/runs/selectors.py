@@ -2,7 +2,10 @@
 
 The status is built from the row: `admission.queue_position` only while a run waits, the
 artifacts manifest with each download URL, `rollout_stats` (the published summary's `stats`) once
-the artifacts are out, and `failure` (`kiln.openenv-run-failure.v1`) when the run failed. `run.json`
+the artifacts are out, and `failure` (`kiln.openenv-run-failure.v1`) when the run failed. A train
+run adds its sealed `training_contract` (and digest), `warnings` and `training_selection`, and
+once submitted `training_job_id`, `training_submission`, `training` (the job's live state) and
+`post_evaluations`. `run.json`
 holds the same document without the volatile queue position (services.run_record_write).
 """
 
@@ -18,7 +21,8 @@ from openenv.models import OpenEnvRun, RunState
 RUN_SCHEMA = "kiln.openenv-run.v5"
 LIST_SCHEMA = "kiln.openenv-run-list.v5"
 RUN_FILE = "run.json"
-ARTIFACT_FILES = {"dataset": "rollouts.jsonl", "replay": "replay.json", "summary": "summary.json"}
+ARTIFACT_FILES = {"dataset": "rollouts.jsonl", "replay": "replay.json", "summary": "summary.json",
+                  "train_receipt": "train_receipt.json", "adapter_manifest": "adapter_manifest.json"}
 ARTIFACT_KINDS = (
     "dataset", "replay", "summary", "train_receipt", "adapter_manifest",
     *(f"environment_eval_{side}_{what}" for side in ("baseline", "candidate") for what in ("dataset", "replay",
@@ -41,11 +45,11 @@ def run_get(*, run_id: str) -> OpenEnvRun | None:
         key = uuid.UUID(str(run_id))
     except ValueError:
         return None
-    return OpenEnvRun.objects.select_related("job").filter(id=key).first()
+    return OpenEnvRun.objects.select_related("job", "training_job").filter(id=key).first()
 
 
 def run_list(*, limit: int = 200):
-    return OpenEnvRun.objects.select_related("job").order_by("-sequence")[:limit]
+    return OpenEnvRun.objects.select_related("job", "training_job").order_by("-sequence")[:limit]
 
 
 def queue_position(run: OpenEnvRun) -> int | None:
@@ -96,11 +100,59 @@ def run_record(run: OpenEnvRun, *, live: bool = False) -> dict:
         out["finished_unix_ms"] = _ms(run.finished_at)
     if run.rollout_stats is not None:
         out["rollout_stats"] = run.rollout_stats
+    if run.kind == "train":
+        out.update(_training_fields(run))
     if run.failure is not None:
         out["failure"] = run.failure
         out["error"] = run.failure.get("message")
     elif run.error:
         out["error"] = run.error
+    return out
+
+
+def _post_evaluations(job) -> list[dict]:
+    from training.selectors import post_eval_job
+
+    evaluation = post_eval_job(job)
+    if evaluation is None:
+        return []
+    result, metrics = evaluation.result or {}, evaluation.metrics or {}
+    entry = {"job_id": str(evaluation.uuid), "suite_name": (evaluation.payload.get("post_eval") or {}).get("suite"),
+             "state": evaluation.state, "examples_completed": metrics.get("examples_completed", 0),
+             "examples_total": metrics.get("examples_total", 0), "gate_outcome": result.get("gate_outcome"),
+             "post_eval_verdict": result.get("post_eval_verdict")}
+    accuracy = metrics.get("headline_accuracy", result.get("headline_accuracy"))
+    if accuracy is not None:
+        entry["headline_accuracy"] = accuracy
+    if evaluation.error_code:
+        entry["error"] = {"code": evaluation.error_code, "message": evaluation.error_message}
+    return [entry]
+
+
+def _training_fields(run: OpenEnvRun) -> dict:
+    """kind train: the sealed contract, the selection, the training job's live state, its post-eval."""
+    out = {"training_contract": run.training_contract, "training_contract_sha256": run.training_contract_sha256 or None,
+           "warnings": list(run.warnings or [])}
+    if run.behavior_snapshot is not None:
+        out["behavior_adapter_snapshot"] = {k: run.behavior_snapshot[k] for k in ("name", "content_sha256")}
+    if run.training_selection is not None:
+        out["training_selection"] = run.training_selection
+    job = run.training_job
+    if job is None:
+        return out
+    from training.selectors import training_status
+
+    status = training_status(job)
+    training = {key: status.get(key) for key in ("job_id", "state", "progress", "current_loss", "error",
+                                                 "post_eval_verdict", "gate_outcome")}
+    training.update(epoch=(job.metrics or {}).get("epoch"), adapter_name=status.get("adapter_name"),
+                    adapter_path=(job.result or {}).get("adapter_path"), effective_seed=status.get("effective_seed"),
+                    step=(job.metrics or {}).get("step"), total_steps=(job.metrics or {}).get("total_steps"),
+                    progress_message=job.progress_message or None,
+                    linked_eval_job_ids=[e["job_id"] for e in _post_evaluations(job)],
+                    training_data=run.training_data)
+    out.update(training_job_id=str(job.uuid), training_submission=run.training_submission, training=training,
+               post_evaluations=_post_evaluations(job))
     return out
 
 

@@ -14,7 +14,10 @@
   run.json of the run directory is rewritten atomically.
 - `runs_restore` (a control worker's boot) and `run_job_unsuccessful` (the job's hook): never
   admitted queued runs resume in order; every other non-terminal run fails `run_interrupted` at
-  stage `restoration`, retryable.
+  stage `restoration`, retryable. A train run past submission follows its training job instead
+  (queued training resumes on the GPU queue; training that was running on a dead worker fails
+  as interrupted, and so does the run). Cancelling a train run in training cancels its training
+  job (or its post-eval), and the run ends `cancelled` when that job does.
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ from django.utils import timezone
 
 from core.artifacts import write_file
 from core.errors import KilnError
-from openenv.models import ACTIVE_STATES, TERMINAL_STATES, OpenEnvRun, RunState
+from openenv.models import (
+    ACTIVE_STATES,
+    COLLECTION_STATES,
+    TERMINAL_STATES,
+    TRAINING_STATES,
+    OpenEnvRun,
+    RunState,
+)
 from openenv.runs.request import request_digest
 from openenv.runs.selectors import RUN_FILE, run_record
 
@@ -110,8 +120,11 @@ def _evict() -> None:
         OpenEnvRun.objects.filter(id__in=oldest).delete()
 
 
-def run_submit(*, request: dict, user=None) -> tuple[OpenEnvRun, bool]:
-    """(run, created): a new queued run, or the original run of an exact idempotent retry."""
+def run_submit(*, request: dict, user=None, seal=None) -> tuple[OpenEnvRun, bool]:
+    """(run, created): a new queued run, or the original run of an exact idempotent retry.
+
+    `seal()` (kind train) is called only when a new run is created, before its row exists: it
+    answers the preflight receipt whose sealed contract the run carries (its refusal refuses the run)."""
     digest = request_digest(request)
     key = request.get("idempotency_key")
 
@@ -130,8 +143,13 @@ def run_submit(*, request: dict, user=None) -> tuple[OpenEnvRun, bool]:
                                 f"{tracked} OpenEnv runs are tracked and none has finished (max_tracked_runs {cap})",
                                 status=503, headers={"Retry-After": "30"},
                                 hint="wait for runs to finish or cancel some, then submit again")
+            sealed = {}
+            if seal is not None:
+                receipt = seal()
+                sealed = {"training_contract": receipt["training_contract"],
+                          "training_contract_sha256": receipt["training_contract_sha256"]}
             sequence = (OpenEnvRun.objects.aggregate(top=Max("sequence"))["top"] or 0) + 1
-            run = OpenEnvRun.objects.create(
+            run = OpenEnvRun.objects.create(**sealed,
                 sequence=sequence, idempotency_key=key, request_digest=digest, request=request,
                 kind=request["kind"], state=RunState.QUEUED, stage="admission",
                 progress={"groups_completed": 0, "groups_total": request["groups"], "rollouts_completed": 0,
@@ -239,8 +257,18 @@ def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
     if run.state == RunState.QUEUED and run_transition(run, from_states=[RunState.QUEUED], state=RunState.CANCELLED,
                                                        error=f"cancelled by {who} while queued"):
         return run
-    if run.state in ACTIVE_STATES:
-        run_transition(run, from_states=ACTIVE_STATES, cancel_requested=True)
+    if run.state in TRAINING_STATES:
+        from openenv.training.follow import post_eval_job_of, run_follow
+
+        run_transition(run, from_states=TRAINING_STATES, cancel_requested=True)
+        for job in (run.training_job, run.training_job and post_eval_job_of(run.training_job)):
+            if job is not None:
+                job.refresh_from_db()
+                if not job.is_terminal:
+                    job_cancel(job=job, user=user)
+        run_follow(run)
+    elif run.state in COLLECTION_STATES:
+        run_transition(run, from_states=COLLECTION_STATES, cancel_requested=True)
         if run.job is not None and not run.job.is_terminal:
             job = job_cancel(job=run.job, user=user)
             if job.state == JobState.CANCELLED:  # its job had not started: nothing is running
@@ -284,6 +312,10 @@ def runs_restore(*, worker_id: str | None = None) -> dict:
     for run in OpenEnvRun.objects.select_related("job").exclude(state__in=TERMINAL_STATES).order_by("sequence"):
         if run.state == RunState.QUEUED and run.admitted_at is None:
             continue  # never admitted: resumes in sequence order below
+        if run.state in TRAINING_STATES:
+            if _restore_training(run, worker_id):
+                failed.append(str(run.id))
+            continue
         job = run.job
         if job is None or job.is_terminal:
             pass
@@ -305,3 +337,25 @@ def runs_restore(*, worker_id: str | None = None) -> dict:
             failed.append(str(run.id))
     admitted = runs_admit()
     return {"interrupted": failed, "admitted": [str(r.id) for r in admitted]}
+
+
+def _restore_training(run: OpenEnvRun, worker_id: str | None) -> bool:
+    """A train run past submission follows its jobs: a job running on a dead worker fails as
+    interrupted (so does the run, `run_interrupted` at `restoration`); queued work resumes on its
+    own queue. Whether the run failed as interrupted."""
+    from core.jobs.liveness import worker_is_dead
+    from core.jobs.models import JobState, WorkerHeartbeat
+    from core.jobs.services import jobs_fail_interrupted
+    from openenv.training.follow import post_eval_job_of, run_follow
+
+    jobs = [run.training_job, run.training_job and post_eval_job_of(run.training_job)]
+    for job in jobs:
+        if job is None or job.state != JobState.RUNNING or job.worker_id == worker_id:
+            continue
+        if worker_is_dead(WorkerHeartbeat.objects.filter(worker_id=job.worker_id).first()):
+            jobs_fail_interrupted(job_ids=[job.id], reason="its worker stopped while the run was training")
+    run = run_follow(run)
+    if run.training_job is None and not run.is_terminal:
+        return _interrupted(run, "the server restarted")
+    return run.state == RunState.FAILED and (run.failure or {}).get("code") == "run_interrupted"
+

@@ -112,11 +112,13 @@ def test_invalid_requests_are_400_naming_the_field(api, home, change, field):
     assert not OpenEnvRun.objects.exists() and not Job.objects.exists()
 
 
-def test_train_is_validated_then_refused_with_501(api, home):
+def test_train_is_validated_then_preflighted(api, home):
     train = {"kind": "train", "environment_urls": [URL], "output_adapter": "counter-agent", "groups": 8,
              "environment_eval": {"groups": 20, "group_size": 1, "gate": {"min_mean_improvement": 0.05}}}
-    error = error_of(post_run(api, train), 501, "openenv_training_not_available")
-    assert "kind rollout" in error["hint"] and "kiln train grpo" in error["hint"]
+    error = error_of(post_run(api, train), 501, "openenv_environment_eval_not_available")
+    assert "without environment_eval" in error["hint"]
+    # Without model weights the preflight refuses with the training code (nothing is recorded).
+    error_of(post_run(api, dict(train, environment_eval=None)), 503, "mock_mode")
     # The rules of train still apply first.
     missing = error_of(post_run(api, dict(train, output_adapter=None)), 400, "openenv_invalid_request")
     assert missing["message"].startswith("request: output_adapter")

@@ -1,0 +1,89 @@
+"""After a train run's artifacts are out: selection, then an ordinary native GRPO job (reference-spec §4.6).
+
+`submit_training(run, groups)` runs in the run's `openenv.run` job with the run `submitting`:
+1. the sealed contract must still hash to its digest (else `persisted_contract_invalid`);
+2. the behavior identity must be unchanged (openenv.training.behavior; else `training_evidence_invalid`);
+3. training selection (openenv.collector.selection): each decision is a warning on the run; when
+   nothing is left the run is `completed` with no training job and says why;
+4. `training.services.grpo_submit` with the kept groups (canonical AgenticGroups: their action
+   segments get the policy gradient, their observation segments ECHO's cross-entropy as the
+   contract's `loss.echo` says), exactly the contract's `effective_config` and `post_eval`, in one
+   transaction with the run's move to `training_queued` (the GPU worker sees the job only once the
+   run names it). A refusal keeps its own code (e.g. `training_queue_full`) at stage
+   `training_submission`.
+The run then follows the job (openenv.training.follow).
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from core.errors import KilnError
+from openenv.collector.selection import select_for_training, training_data
+from openenv.models import OpenEnvRun, RunState
+from openenv.runs import services
+from openenv.training import contract as contracts
+from openenv.training.behavior import BehaviorDrift, check_before_training
+
+STAGE = "training_submission"
+NOTHING_LEFT = ("no group carries a usable reward signal after training selection; the run completed "
+                "without a training job")
+
+
+def _fail(run: OpenEnvRun, code: str, message: str, *, retryable: bool = False, hint: str = "",
+          http_status: int | None = None):
+    failure = services.failure(code, STAGE, message, retryable=retryable, hint=hint)
+    if http_status is not None:
+        failure["http_status"] = http_status
+    services.run_fail(run, failure)
+    raise KilnError(code, message, hint=hint)
+
+
+def submit_training(run: OpenEnvRun, groups: list[dict]) -> dict:
+    try:
+        contract = contracts.check_contract(run.training_contract, run.training_contract_sha256)
+    except contracts.ContractInvalid as exc:
+        _fail(run, "persisted_contract_invalid", str(exc), hint="submit the run again")
+    try:
+        check_before_training(run)
+    except BehaviorDrift as exc:
+        _fail(run, exc.code, exc.message, retryable=exc.retryable, hint=exc.hint)
+    selection = select_for_training(groups)
+    lineage = training_data(selection.groups, selection.indexes) if selection.groups else None
+    services.run_transition(run, from_states=[RunState.SUBMITTING], training_selection=selection.summary,
+                            training_data=lineage, warnings=list(run.warnings or []) + selection.warnings)
+    run.refresh_from_db()
+    if run.cancel_requested:
+        services.run_mark_cancelled(run, reason="cancelled before training was submitted")
+        from core.jobs.runner import JobCancelled
+
+        raise JobCancelled()
+    if not selection.groups:
+        services.run_transition(run, from_states=[RunState.SUBMITTING], state=RunState.COMPLETED, stage=STAGE,
+                                error=NOTHING_LEFT)
+        return {"run_id": str(run.id), "state": run.state, "training_job_id": None, "reason": NOTHING_LEFT}
+    from training.services import grpo_submit
+
+    body = {"groups": selection.groups, "config": contract["effective_config"]}
+    if contract.get("post_eval") is not None:
+        body["post_eval"] = contract["post_eval"]
+    try:
+        with transaction.atomic():
+            job, seed = grpo_submit(body=body, user=run.submitted_by, route="/v1/train/grpo")
+            submission = {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
+                          "message": f"GRPO training queued; it will publish adapter "
+                                     f"{contract['effective_config']['output_name']}"}
+            if not services.run_transition(run, from_states=[RunState.SUBMITTING], state=RunState.TRAINING_QUEUED,
+                                           stage="training", training_job=job, training_submission=submission):
+                raise KilnError("openenv_run_state_changed", f"run {run.id} became {run.state} during submission")
+    except KilnError as exc:
+        run.refresh_from_db()
+        if run.is_terminal:
+            raise
+        _fail(run, exc.code, f"the training submission was refused: {exc.message}", retryable=exc.status == 503,
+              hint=exc.hint, http_status=exc.status)
+    from openenv.training.follow import run_follow
+
+    run_follow(run)
+    return {"run_id": str(run.id), "state": run.state, "training_job_id": submission["job_id"],
+            "effective_seed": submission["effective_seed"], "groups_submitted": selection.summary["groups_submitted"]}

@@ -1,0 +1,76 @@
+"""`kiln openenv train`: the guide's flags become a kind-train run request, posted and followed to the
+published adapter, through an httpx transport that hands each request to Django's test client (and
+after the POST runs the control queue, then the GPU queue with the real trainer on the tiny model)."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import httpx
+import pytest
+
+from core.jobs.models import Job
+from core.jobs.runner import run_queued_jobs
+from kiln_project.cli import client as client_module
+from kiln_project.cli.main import main
+from openenv.models import OpenEnvRun
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db, pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+def cli(api, monkeypatch, django_capture_on_commit_callbacks):
+    posted = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        response = api.generic(request.method, request.url.raw_path.decode(), data=request.content,
+                               content_type=request.headers.get("content-type", "application/json"))
+        if request.method == "POST":
+            posted.append(json.loads(request.content))
+            with django_capture_on_commit_callbacks(execute=True):
+                run_queued_jobs("control")
+                run_queued_jobs("gpu")
+        content = b"".join(response.streaming_content) if response.streaming else response.content
+        return httpx.Response(response.status_code, headers=dict(response.items()), content=content)
+
+    def make_client(*args, **kwargs):
+        return httpx.Client(*args, transport=httpx.MockTransport(handle), **kwargs)
+
+    monkeypatch.setattr(client_module, "httpx", types.SimpleNamespace(Client=make_client,
+                                                                      TransportError=httpx.TransportError))
+    monkeypatch.setenv("KILN_API_TOKEN", "unused-the-test-client-authenticates")
+    return types.SimpleNamespace(run=lambda *argv: main(["openenv", *argv, "--url", "http://kiln.test"]),
+                                 posted=posted)
+
+
+def test_openenv_train_collects_trains_and_follows(cli, home, counter, served, policies, tmp_path, capsys):
+    reset = tmp_path / "task.json"
+    reset.write_text(json.dumps({"target": 4}))
+    code = cli.run("train", "--environment", counter.url, "--groups", "1", "--group-size", "3", "--seed-start",
+                   "100", "--max-steps", "2", "--concurrency", "3", "--capacity-wait-seconds", "5",
+                   "--reset-options", str(reset), "--output-adapter", "counter-agent", "--lora-rank", "2",
+                   "--auto-load", "false")
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
+    assert code == 0, (out, captured.err)
+    [body] = cli.posted
+    assert body["kind"] == "train" and body["environment_urls"] == [counter.url]
+    assert body["training_config"] == {"lora_rank": 2, "lora_alpha": 4} and body["auto_load"] is False
+    assert body["idempotency_key"].startswith("cli:") and body["reset_options"] == {"target": 4}
+    run = OpenEnvRun.objects.get()
+    assert out[0].startswith(f"run {run.id} ")
+    assert out[1].startswith(f"contract  {run.training_contract_sha256}: rank 2, muon, output counter-agent")
+    final = [line for line in out if line.startswith("completed")]
+    assert final and "groups 1/1 · rollouts 3/3 · return mean" in final[-1]
+    assert "trainer completed 100%" in final[-1]
+    assert any(line.startswith("adapter   counter-agent (training job") for line in out)
+    assert run.state == "completed" and Job.objects.get(id=run.training_job_id).state == "completed"
+
+    # --json prints the final status; a flag the spec rejects fails with the server's code.
+    assert cli.run("status", str(run.id), "--json") == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["training"]["adapter_name"] == "counter-agent"
+    assert [a["kind"] for a in status["artifacts"]][-2:] == ["train_receipt", "adapter_manifest"]
+    assert cli.run("train", "--environment", counter.url, "--output-adapter", "counter-agent", "--json") == 1
+    assert "adapter_revision_conflict" in capsys.readouterr().err
