@@ -3,7 +3,8 @@
 The pure client and collector (openenv.client, openenv.collector) import no Django; this app wires
 them into the job system. The `openenv.run` kind runs on the control queue (no GPU in the worker
 that collects: every policy turn is sampled through the infer queue). A `kind: train` run then follows
-its `training.grpo` job (openenv.training.follow, a post_save receiver on JobEvent).
+its `training.grpo` job (openenv.training.follow, a post_save receiver on JobEvent), and with
+`environment_eval` ends in an `openenv.environment_eval` job (control queue; openenv.training.evaluation).
 """
 
 from django.apps import AppConfig
@@ -24,5 +25,9 @@ class OpenEnvConfig(AppConfig):
 
         register_job_kind(JobKind(name="openenv.run", queue="control", handler="openenv.runs.jobs:run_openenv_job",
                                   category="openenv", on_unsuccessful="openenv.runs.services:run_job_unsuccessful"))
+        # A train run's environment evaluation (after its training and post-eval): its own control job.
+        register_job_kind(JobKind(name="openenv.environment_eval", queue="control",
+                                  handler="openenv.training.evaluation:run_environment_eval_job", category="openenv",
+                                  on_unsuccessful="openenv.runs.services:run_job_unsuccessful"))
         # A train run follows its training job and that job's post-eval as they change (any process).
         post_save.connect(on_job_event, sender=JobEvent, dispatch_uid="openenv.training.follow")

@@ -24,16 +24,19 @@ class RunState(models.TextChoices):
     TRAINING_QUEUED = "training_queued"
     TRAINING_RUNNING = "training_running"
     POST_EVALUATING = "post_evaluating"
+    ENVIRONMENT_EVALUATING = "environment_evaluating"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
 # The collection phase (the run's own `openenv.run` job executes it), then the training phase (the run
-# follows its `training.grpo` job and that job's post-eval). Both count against max_active_runs.
+# follows its `training.grpo` job and that job's post-eval), then the environment evaluation (its own
+# `openenv.environment_eval` job on the control queue). All count against max_active_runs.
 COLLECTION_STATES = (RunState.DISCOVERING, RunState.COLLECTING, RunState.REVALIDATING, RunState.SUBMITTING)
 TRAINING_STATES = (RunState.TRAINING_QUEUED, RunState.TRAINING_RUNNING, RunState.POST_EVALUATING)
-ACTIVE_STATES = COLLECTION_STATES + TRAINING_STATES
+EVALUATION_STATES = (RunState.ENVIRONMENT_EVALUATING,)
+ACTIVE_STATES = COLLECTION_STATES + TRAINING_STATES + EVALUATION_STATES
 TERMINAL_STATES = (RunState.ROLLOUT_READY, RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 
 
@@ -65,6 +68,10 @@ class OpenEnvRun(models.Model):
     training_job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL,
                                      related_name="openenv_training_runs")
     training_submission = models.JSONField(null=True, blank=True)  # the TrainingResponse
+    # environment_eval: the status block (`environment_evaluation`, reference-spec §1.6) and its job.
+    environment_evaluation = models.JSONField(null=True, blank=True)
+    environment_eval_job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL,
+                                             related_name="openenv_environment_eval_runs")
     run_dir = models.CharField(max_length=1000, blank=True)
     job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="openenv_runs")
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -2,10 +2,10 @@
 
 - The page's form carries every `OpenEnvRunRequest` field (kiln_project/ui/openenv_form.py turns
   it into the POST /v1/openenv/runs body) and a fresh idempotency key per rendering, so the same
-  page submitted twice is one run. `run_submit_checked` hands that body to the route's own handler
-  on the signed-in request, so the rules are the route's by construction (the request validated
-  once by openenv.runs.request.normalize, the server's checks, a train run's preflight, then
-  openenv.runs.services.run_submit), even while the route grows. A KilnError is shown next to the
+  page submitted twice is one run. `run_submit_checked` hands that body to
+  openenv.runs.services.run_create, the one service POST /v1/openenv/runs calls too, so the rules
+  are the route's by construction (the request validated once by openenv.runs.request.normalize,
+  the server's checks, a train run's preflight, then run_submit). A KilnError is shown next to the
   form with its code, message and hint, and nothing is recorded.
 - Inspect (htmx, one environment row) calls the same client functions as POST /v1/openenv/inspect
   and /tasks (openenv.api) and shows the identity, its hashes, the schema and the task catalog.
@@ -56,20 +56,15 @@ DATA_SCOPES = (
 # --- submission ---------------------------------------------------------------------------------
 
 def run_submit_checked(*, request, body: dict) -> tuple[dict, bool]:
-    """(the run's status document, created) for a POST /v1/openenv/runs body, answered by that
-    route's own handler (openenv.runs.api.runs_create) on this signed-in request with the body as
-    JSON: the same validation, server checks, preflight and run_submit, whatever the route does for
-    each kind. Its KilnError propagates."""
-    import copy
+    """(the run's status document, created) for a POST /v1/openenv/runs body, through the route's own
+    service (openenv.runs.services.run_create) as the signed-in user. Its KilnError propagates."""
+    from openenv.runs.api import require_enabled
+    from openenv.runs.selectors import run_status
+    from openenv.runs.services import run_create
 
-    from openenv.runs import api as runs_api
-
-    api_request = copy.copy(request)
-    api_request._body = json.dumps(body).encode()
-    api_request.content_type = "application/json"
-    api_request.auth = request.user  # what the API's session authentication would set
-    answer = runs_api.runs_create(api_request, runs_api.OpenEnvRunRequest.model_validate(body))
-    return answer.value, answer.status_code == 202
+    require_enabled()
+    run, created = run_create(body=body, user=request.user)
+    return run_status(run), created
 
 
 # --- run cards ----------------------------------------------------------------------------------

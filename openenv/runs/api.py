@@ -6,9 +6,9 @@ rejected, 400 `openenv_invalid_request` naming the field), applies the server's 
 400), then records the run: 202 a new run, 200 an exact idempotent retry, 409 a changed reuse of
 the key, 503 a full tracked map. Admission comes before discovery: nothing here contacts an
 environment. A new `kind: "train"` run is first preflighted (openenv.training.preflight: its
-refusals keep their training codes) and carries the sealed training contract from its first row;
-`environment_eval` is refused with 501 `openenv_environment_eval_not_available` for now.
-GET lists and reads runs (`kiln.openenv-run.v5`); DELETE cancels one; the artifact route streams a
+refusals keep their training codes) and carries the sealed training contract from its first row.
+The steps after the body-size check are one service, `openenv.runs.services.run_create` (the
+dashboard's form calls it too). GET lists and reads runs (`kiln.openenv-run.v5`); DELETE cancels one; the artifact route streams a
 manifest-bound file after re-checking it on the open descriptor (openenv.runs.downloads).
 """
 
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from core.accounts.auth import require_permission
 from core.errors import KilnError
-from openenv.runs.request import FIELDS, RunRequestError, normalize
+from openenv.runs.request import FIELDS
 
 router = Router(tags=["openenv"])
 
@@ -84,24 +84,6 @@ def require_enabled() -> None:
                         hint="set [openenv] enabled = true in kiln.toml (or KILN_OPENENV_ENABLED=true)")
 
 
-def _invalid(exc: RunRequestError) -> KilnError:
-    return KilnError("openenv_invalid_request", f"request: {exc.message}", status=400, field=exc.field,
-                     hint=exc.hint or "see OpenEnvRunRequest in /v1/openapi.json")
-
-
-def _server_checks(request_value: dict) -> None:
-    """What depends on this server: reachable URLs, configured credentials, published adapters."""
-    from adapters.selectors import adapter_published_path
-    from openenv.api import _credentials, _endpoints
-
-    _endpoints(request_value["environment_urls"])
-    _credentials(request_value["credential_ids"] or [None] * len(request_value["environment_urls"]))
-    name = request_value["adapter"]
-    if name != "base" and adapter_published_path(name=name) is None:
-        raise KilnError("openenv_invalid_request", f"request: adapter: no published adapter named {name!r}",
-                        status=400, field="adapter", hint="choose base or an adapter that finished training")
-
-
 def _run_or_404(run_id: str):
     from openenv.runs.selectors import run_get
 
@@ -124,7 +106,7 @@ def runs_list(request):
              response={200: OpenEnvRunStatusOut, 202: OpenEnvRunStatusOut})
 def runs_create(request, body: OpenEnvRunRequest):
     from openenv.runs.selectors import run_status
-    from openenv.runs.services import run_submit
+    from openenv.runs.services import run_create
 
     require_enabled()
     require_permission(request, "submit_job")
@@ -132,24 +114,11 @@ def runs_create(request, body: OpenEnvRunRequest):
         raise KilnError("request_too_large", f"an OpenEnv run request may hold at most {MAX_BODY_BYTES} bytes",
                         status=413, hint="send a smaller JSON object")
     try:
-        value = normalize(json.loads(request.body))
-    except RunRequestError as exc:
-        raise _invalid(exc) from None
-    _server_checks(value)
-    seal = None
-    if value["kind"] == "train":
-        if value.get("environment_eval") is not None:
-            raise KilnError("openenv_environment_eval_not_available",
-                            "environment_eval (held-out environment returns and their gate) is not available on "
-                            "this server yet; the request is valid", status=501,
-                            hint="submit the train run without environment_eval (a static post_eval may gate it)")
-        from openenv.training.preflight import training_preflight
-
-        def seal():
-            return training_preflight(adapter=value["adapter"], output_adapter=value["output_adapter"],
-                                      training_config=value.get("training_config"), auto_load=value["auto_load"],
-                                      post_eval=value.get("post_eval"))
-    run, created = run_submit(request=value, user=request.user, seal=seal)
+        raw = json.loads(request.body)
+    except ValueError:
+        raise KilnError("openenv_invalid_request", "request: is not JSON", status=400,
+                        hint="send one JSON object (OpenEnvRunRequest)") from None
+    run, created = run_create(body=raw, user=request.user)
     return Status(202 if created else 200, run_status(run))
 
 

@@ -1,8 +1,10 @@
 """Manifest-bound artifact downloads (reference-spec §1.6): the bytes re-checked on the open file.
 
-`open_artifact(run, kind)` opens the run directory with O_DIRECTORY|O_NOFOLLOW and the file
-relative to it with O_NOFOLLOW (a symlink anywhere on that last step is refused), fstat()s the
-open descriptor (a regular file of exactly the manifest's bytes, at most 256 MiB), hashes that
+`open_artifact(run, kind)` opens the run directory with O_DIRECTORY|O_NOFOLLOW, then every
+component of the manifest's relative `file` (e.g. `environment-evaluation/baseline/summary.json`)
+relative to the descriptor of the one before it, each with O_NOFOLLOW (intermediate ones with
+O_DIRECTORY too): a symlink, `..`, an absolute or empty component anywhere on the path is refused,
+so the file opened always lies inside the run directory. It fstat()s the open descriptor (a regular file of exactly the manifest's bytes, at most 256 MiB), hashes that
 descriptor and compares the SHA-256 with the manifest, then rewinds it: the response streams the
 very file that was checked. A missing, replaced, oversized, symlinked, truncated or modified file
 is 409 `openenv_artifact_integrity_failed`; a kind outside the list or the manifest is 404
@@ -47,21 +49,10 @@ def open_artifact(run: OpenEnvRun, kind: str) -> tuple[int, dict]:
     """(an open descriptor positioned at 0, its manifest entry); the caller closes the descriptor."""
     entry = manifest_entry(run, kind)
     name = entry["file"]
-    if "/" in name or name in ("", ".", ".."):
+    parts = name.split("/") if isinstance(name, str) else []
+    if not parts or any(part in ("", ".", "..") or "\0" in part for part in parts):
         raise _integrity(run, kind, "the manifest names no file of the run directory")
-    try:
-        directory = os.open(run_dir_for(run), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise _integrity(run, kind, f"the run directory cannot be opened ({exc.strerror})") from None
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0),
-                     dir_fd=directory)
-    except FileNotFoundError:
-        raise _integrity(run, kind, f"{name} is missing") from None
-    except OSError as exc:
-        raise _integrity(run, kind, f"{name} cannot be opened safely ({exc.strerror}; a symlink?)") from None
-    finally:
-        os.close(directory)
+    fd = _open_beneath(run, kind, parts)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -82,6 +73,36 @@ def open_artifact(run: OpenEnvRun, kind: str) -> tuple[int, dict]:
         os.close(fd)
         raise
     return fd, entry
+
+
+def _open_beneath(run: OpenEnvRun, kind: str, parts: list[str]) -> int:
+    """The leaf's descriptor, every component opened relative to its parent's descriptor with O_NOFOLLOW."""
+    name = "/".join(parts)
+    try:
+        directory = os.open(run_dir_for(run), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _integrity(run, kind, f"the run directory cannot be opened ({exc.strerror})") from None
+    try:
+        for index, part in enumerate(parts[:-1]):
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            except FileNotFoundError:
+                raise _integrity(run, kind, f"{name} is missing") from None
+            except OSError as exc:
+                where = "/".join(parts[:index + 1])
+                raise _integrity(run, kind, f"{where} cannot be opened safely as a directory ({exc.strerror}; "
+                                            "a symlink?)") from None
+            os.close(directory)
+            directory = child
+        try:
+            return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0),
+                           dir_fd=directory)
+        except FileNotFoundError:
+            raise _integrity(run, kind, f"{name} is missing") from None
+        except OSError as exc:
+            raise _integrity(run, kind, f"{name} cannot be opened safely ({exc.strerror}; a symlink?)") from None
+    finally:
+        os.close(directory)
 
 
 def stream(fd: int, size: int):

@@ -5,7 +5,10 @@ artifacts manifest with each download URL, `rollout_stats` (the published summar
 the artifacts are out, and `failure` (`kiln.openenv-run-failure.v1`) when the run failed. A train
 run adds its sealed `training_contract` (and digest), `warnings` and `training_selection`, and
 once submitted `training_job_id`, `training_submission`, `training` (the job's live state) and
-`post_evaluations`. `run.json`
+`post_evaluations`, and with `environment_eval` the `environment_evaluation` block (state
+pending|collecting_baseline|collecting_candidate|completed|failed|cancelled, the plan, both sides'
+adapters and revisions, progress, then both sides' stats, the gate's evidence with the exact p
+and counts, the outcome, the verdict and the receipt's digest) and `environment_eval_job_id`. `run.json`
 holds the same document without the volatile queue position (services.run_record_write).
 """
 
@@ -45,11 +48,11 @@ def run_get(*, run_id: str) -> OpenEnvRun | None:
         key = uuid.UUID(str(run_id))
     except ValueError:
         return None
-    return OpenEnvRun.objects.select_related("job", "training_job").filter(id=key).first()
+    return OpenEnvRun.objects.select_related("job", "training_job", "environment_eval_job").filter(id=key).first()
 
 
 def run_list(*, limit: int = 200):
-    return OpenEnvRun.objects.select_related("job", "training_job").order_by("-sequence")[:limit]
+    return OpenEnvRun.objects.select_related("job", "training_job", "environment_eval_job").order_by("-sequence")[:limit]
 
 
 def queue_position(run: OpenEnvRun) -> int | None:
@@ -137,6 +140,10 @@ def _training_fields(run: OpenEnvRun) -> dict:
         out["behavior_adapter_snapshot"] = {k: run.behavior_snapshot[k] for k in ("name", "content_sha256")}
     if run.training_selection is not None:
         out["training_selection"] = run.training_selection
+    if run.environment_evaluation is not None:
+        out["environment_evaluation"] = run.environment_evaluation
+        eval_job = run.environment_eval_job
+        out["environment_eval_job_id"] = str(eval_job.uuid) if eval_job is not None else None
     job = run.training_job
     if job is None:
         return out

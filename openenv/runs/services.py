@@ -1,5 +1,11 @@
 """Services that change OpenEnv runs (reference-spec §1.6, §4.9-4.12).
 
+- `run_create(body, user)`: every step of POST /v1/openenv/runs after the route's own checks
+  (enabled, permission, body size), shared by the route and the dashboard's form: the body
+  validated once (openenv.runs.request.normalize; 400 `openenv_invalid_request` naming the field),
+  the server's checks (loopback-only URLs unless allowed, configured credential handles, a
+  published adapter), a train run's preflight (its refusals keep their training codes; the training
+  is sealed with `auto_load` false when the environment gate owns promotion), then `run_submit`.
 - `run_submit`: idempotency (same key + same normalized request → the original run; a changed
   request → 409), the tracked map (terminal runs past `tracked_run_ttl_secs`, then the oldest
   terminal ones, are evicted; all tracked runs live → 503), then a `queued` row with the next
@@ -14,10 +20,14 @@
   run.json of the run directory is rewritten atomically.
 - `runs_restore` (a control worker's boot) and `run_job_unsuccessful` (the job's hook): never
   admitted queued runs resume in order; every other non-terminal run fails `run_interrupted` at
-  stage `restoration`, retryable. A train run past submission follows its training job instead
+  stage `restoration`, retryable (a run in `environment_evaluating` is judged by its
+  `openenv.environment_eval` job as a collecting run is by its `openenv.run` job: running on a live
+  worker, or queued while another control worker lives, it is left alone). A train run past
+  submission follows its training job instead
   (queued training resumes on the GPU queue; training that was running on a dead worker fails
   as interrupted, and so does the run). Cancelling a train run in training cancels its training
-  job (or its post-eval), and the run ends `cancelled` when that job does.
+  job (or its post-eval), and the run ends `cancelled` when that job does; in
+  `environment_evaluating` it cancels the evaluation job (cooperatively, at once if still queued).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from core.errors import KilnError
 from openenv.models import (
     ACTIVE_STATES,
     COLLECTION_STATES,
+    EVALUATION_STATES,
     TERMINAL_STATES,
     TRAINING_STATES,
     OpenEnvRun,
@@ -51,6 +62,7 @@ FAILURE_SCHEMA = "kiln.openenv-run-failure.v1"
 MAX_RUN_RECORD_BYTES = 2 * 1024 * 1024
 ADVISORY_LOCK_KEY = 0x4B494C4E4F45  # "KILNOE": serializes admission on PostgreSQL
 WRITE_ATTEMPTS = 8
+EVAL_ENDED = ("failed", "cancelled")
 
 
 def failure(code: str, stage: str, message: str, *, retryable: bool = False, hint: str = "") -> dict:
@@ -176,6 +188,48 @@ def run_submit(*, request: dict, user=None, seal=None) -> tuple[OpenEnvRun, bool
     return run, created
 
 
+def _invalid(exc) -> KilnError:
+    return KilnError("openenv_invalid_request", f"request: {exc.message}", status=400, field=exc.field,
+                     hint=exc.hint or "see OpenEnvRunRequest in /v1/openapi.json")
+
+
+def _server_checks(request_value: dict) -> None:
+    """What depends on this server: reachable URLs, configured credentials, published adapters."""
+    from adapters.selectors import adapter_published_path
+    from openenv.api import _credentials, _endpoints
+
+    _endpoints(request_value["environment_urls"])
+    _credentials(request_value["credential_ids"] or [None] * len(request_value["environment_urls"]))
+    name = request_value["adapter"]
+    if name != "base" and adapter_published_path(name=name) is None:
+        raise KilnError("openenv_invalid_request", f"request: adapter: no published adapter named {name!r}",
+                        status=400, field="adapter", hint="choose base or an adapter that finished training")
+
+
+def run_create(*, body: dict, user=None) -> tuple[OpenEnvRun, bool]:
+    """(run, created) for one OpenEnvRunRequest body: validated, checked against this server, a train
+    run preflighted and sealed, then recorded by `run_submit`. Every refusal is a KilnError."""
+    from openenv.runs.request import RunRequestError, normalize
+
+    try:
+        value = normalize(body)
+    except RunRequestError as exc:
+        raise _invalid(exc) from None
+    _server_checks(value)
+    seal = None
+    if value["kind"] == "train":
+        from openenv.environment_promotion import promotion_owner, training_auto_load
+        from openenv.training.preflight import training_preflight
+
+        promotion_owner(value)  # one gate owns promotion (the normalizer refuses both already)
+
+        def seal():
+            return training_preflight(adapter=value["adapter"], output_adapter=value["output_adapter"],
+                                      training_config=value.get("training_config"),
+                                      auto_load=training_auto_load(value), post_eval=value.get("post_eval"))
+    return run_submit(request=value, user=user, seal=seal)
+
+
 # --- admission ---------------------------------------------------------------------------------
 
 def runs_admit() -> list[OpenEnvRun]:
@@ -213,6 +267,12 @@ def run_transition(run: OpenEnvRun, *, from_states, **fields) -> bool:
     fields["updated_at"] = timezone.now()
     if fields.get("state") in TERMINAL_STATES:
         fields.setdefault("finished_at", fields["updated_at"])
+    block = run.environment_evaluation
+    if fields.get("state") in (RunState.FAILED, RunState.CANCELLED) and "environment_evaluation" not in fields \
+            and isinstance(block, dict) and "outcome" not in block and block.get("state") not in EVAL_ENDED:
+        # the environment evaluation in flight ends with its run
+        fields["environment_evaluation"] = {**block, "state": "failed" if fields["state"] == RunState.FAILED
+                                            else "cancelled"}
 
     def update() -> bool:
         with transaction.atomic():
@@ -267,6 +327,14 @@ def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
                 if not job.is_terminal:
                     job_cancel(job=job, user=user)
         run_follow(run)
+    elif run.state in EVALUATION_STATES:
+        run_transition(run, from_states=EVALUATION_STATES, cancel_requested=True)
+        job = run.environment_eval_job
+        if job is not None and not job.is_terminal:
+            job = job_cancel(job=job, user=user)
+        if job is None or job.is_terminal:  # cancelled before it started (or orphaned): nothing runs
+            run_mark_cancelled(run, reason=f"cancelled by {who} before its environment evaluation ran")
+            runs_admit()
     elif run.state in COLLECTION_STATES:
         run_transition(run, from_states=COLLECTION_STATES, cancel_requested=True)
         if run.job is not None and not run.job.is_terminal:
@@ -286,16 +354,22 @@ def _interrupted(run: OpenEnvRun, why: str) -> bool:
 
 
 def run_job_unsuccessful(job) -> None:
-    """The `openenv.run` job ended failed or cancelled: a run it left non-terminal ends too."""
+    """The `openenv.run` (or `openenv.environment_eval`) job ended failed or cancelled: a run it left
+    non-terminal ends too."""
+    from django.db.models import Q
+
     from core.jobs.models import JobState
 
-    for run in OpenEnvRun.objects.filter(job=job).exclude(state__in=TERMINAL_STATES):
+    for run in OpenEnvRun.objects.filter(Q(job=job) | Q(environment_eval_job=job)).exclude(state__in=TERMINAL_STATES):
+        if run.environment_eval_job_id != job.id and run.state in EVALUATION_STATES:
+            continue  # its collection job ended long ago; the evaluation job decides
+        stage = "environment_evaluation" if run.environment_eval_job_id == job.id else "orchestration"
         if job.state == JobState.CANCELLED and job.error_code != "job_interrupted":
             run_mark_cancelled(run, reason=job.error_message or "its job was cancelled")
         elif job.error_code in ("job_interrupted", "job_time_limit"):
             _interrupted(run, f"its worker stopped ({job.error_code})")
         else:
-            run_fail(run, failure(job.error_code or "orchestration_failed", "orchestration",
+            run_fail(run, failure(job.error_code or "orchestration_failed", stage,
                                   job.error_message or "the run's job failed"))
     runs_admit()
 
@@ -309,14 +383,15 @@ def runs_restore(*, worker_id: str | None = None) -> dict:
 
     others = [w for w in workers_alive() if w.worker_id != worker_id and "control" in (w.queues or [])]
     failed = []
-    for run in OpenEnvRun.objects.select_related("job").exclude(state__in=TERMINAL_STATES).order_by("sequence"):
+    for run in OpenEnvRun.objects.select_related("job", "environment_eval_job").exclude(
+            state__in=TERMINAL_STATES).order_by("sequence"):
         if run.state == RunState.QUEUED and run.admitted_at is None:
             continue  # never admitted: resumes in sequence order below
         if run.state in TRAINING_STATES:
             if _restore_training(run, worker_id):
                 failed.append(str(run.id))
             continue
-        job = run.job
+        job = run.environment_eval_job if run.state in EVALUATION_STATES else run.job
         if job is None or job.is_terminal:
             pass
         elif job.state == JobState.RUNNING:

@@ -5,7 +5,9 @@
   the job: the GPU worker when training starts or ends, the control worker for the post-eval),
 - right after submission, on cancellation and at restoration.
 States: `training_queued` (the job is queued) → `training_running` → `post_evaluating` (the job
-published the adapter and queued its post-eval) → `completed`; the training job failing fails the run
+published the adapter and queued its post-eval) → `environment_evaluating` when the request carries
+`environment_eval` (its own control-queue job takes the run from there: openenv.training.evaluation)
+→ `completed`; the training job failing fails the run
 at stage `training` with the job's code (an interrupted worker: `run_interrupted` at
 `restoration`, retryable), a cancelled job cancels the run. On publication the run's artifacts gain
 `train_receipt` (the adapter's receipt file, checked against the admitted corpus and the output
@@ -130,6 +132,7 @@ def _step(run: OpenEnvRun) -> bool:
     """One transition from the jobs' state; whether the run changed."""
     from core.jobs.models import JobState
     from openenv.runs import services
+    from openenv.training.evaluation import environment_eval_start, wants_environment_eval
 
     job = run.training_job
     if job is None:
@@ -152,15 +155,19 @@ def _step(run: OpenEnvRun) -> bool:
                                                     hint="the published adapter does not match the run's corpus"))
             return True
         post_eval = post_eval_job_of(job)
+        training = [RunState.TRAINING_QUEUED, RunState.TRAINING_RUNNING]
+        if post_eval is None and wants_environment_eval(run):
+            return environment_eval_start(run, from_states=training, artifacts=artifacts)
         state = RunState.POST_EVALUATING if post_eval is not None else RunState.COMPLETED
-        return services.run_transition(run, from_states=[RunState.TRAINING_QUEUED, RunState.TRAINING_RUNNING],
-                                       state=state, stage="post_evaluation" if post_eval else "training",
-                                       artifacts=artifacts)
+        return services.run_transition(run, from_states=training, state=state,
+                                       stage="post_evaluation" if post_eval else "training", artifacts=artifacts)
     if run.state == RunState.POST_EVALUATING:
         post_eval = post_eval_job_of(job)
         if post_eval is None or post_eval.state in (JobState.QUEUED, JobState.RUNNING):
             return False
         if post_eval.state == JobState.COMPLETED:
+            if wants_environment_eval(run):
+                return environment_eval_start(run, from_states=[RunState.POST_EVALUATING])
             return services.run_transition(run, from_states=[RunState.POST_EVALUATING], state=RunState.COMPLETED,
                                            stage="post_evaluation")
         _ended_unsuccessfully(run, post_eval, "post_evaluation")
