@@ -1,0 +1,44 @@
+"""Smoke tests of the CPU scaling benchmark (benchmarks/grpo_scaling.py): its options and one tiny cell.
+
+They check that the benchmark runs, never how fast: speed is printed by the benchmarks, not asserted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bench_support  # noqa: E402
+import grpo_scaling  # noqa: E402
+
+
+def test_cells_parse_and_reject_unknown_models():
+    assert grpo_scaling.parse_cells("tiny:8:32, q25m:32:256") == [("tiny", 8, 32), ("q25m", 32, 256)]
+    assert len(grpo_scaling.parse_cells("all")) == 8
+    with pytest.raises(Exception, match="MODEL:GROUP:LENGTH"):
+        grpo_scaling.parse_cells("gpt2:8:32")
+
+
+def test_flop_model_is_two_flops_per_weight_per_token_plus_attention_and_head():
+    shape = bench_support.Shape(hidden=8, intermediate=16, layers=2, heads=2, kv_heads=1, head_dim=4, vocab=10)
+    dense = shape.dense_params()
+    assert dense == 2 * (8 * (8 + 8) + 8 * 8 + 3 * 8 * 16)
+    one = bench_support.forward_flops(shape, [(1, 0, 0)], rank=0)
+    assert one == 2 * dense + 4 * 8 * 1 * 2  # one token attends to itself in both layers
+    with_head = bench_support.forward_flops(shape, [(1, 0, 1)], rank=0)
+    assert with_head - one == 2 * 8 * 10
+
+
+def test_quick_run_of_one_tiny_cell_prints_the_table(tmp_path, capsys):
+    code = grpo_scaling.main(
+        ["--cells", "tiny:2:4", "--sides", "kiln", "--quick", "--repeats", "1", "--models-dir", str(tmp_path)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "tiny 2 4" in out and "generation" in out and "peak RSS MiB" in out
+    assert "tokens trained   kiln 8" in out  # 1 prompt x 2 completions x 4 sampled tokens, all trained
