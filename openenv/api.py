@@ -25,10 +25,10 @@ from typing import Any
 
 from django.conf import settings
 from ninja import Router
-from pydantic import BaseModel, ConfigDict
 
 from core.accounts.auth import require_permission
 from core.errors import KilnError
+from openenv.api_support import Documented, check_body_size, documented
 from openenv.client.discovery import INSPECTION_SCHEMA, inspect
 from openenv.client.errors import (
     OpenEnvCredentialInvalid,
@@ -47,7 +47,6 @@ router = Router(tags=["openenv"])
 router.add_router("/runs", runs_router)  # /v1/openenv/runs (openenv/runs/api.py)
 router.add_router("/training", training_router)  # /v1/openenv/training/preflight (openenv/training/api.py)
 
-MAX_BODY_BYTES = 1024 * 1024
 MAX_URLS = 64
 REMOTE_SETTING = "[openenv] allow_remote_environments"
 REMOTE_VARIABLE = "KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS"
@@ -80,33 +79,10 @@ CATALOGS_RESPONSE = {"type": "object", "required": ["schema", "catalogs"], "prop
                  "description": "one {base_url, catalog} per URL, in request order"}}}
 
 
-class _Documented(BaseModel):
-    """Any JSON object, checked by the handler; the OpenAPI document shows the route's schema."""
-
-    model_config = ConfigDict(extra="allow")
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-
-class OpenEnvInspectRequest(_Documented):
-    model_config = ConfigDict(extra="allow", title="OpenEnvInspectRequest",
-                              json_schema_extra=lambda schema, cls: schema.update(INSPECT_REQUEST))
-
-
-class OpenEnvTasksRequest(_Documented):
-    model_config = ConfigDict(extra="allow", title="OpenEnvTasksRequest",
-                              json_schema_extra=lambda schema, cls: schema.update(TASKS_REQUEST))
-
-
-class OpenEnvInspectionOut(_Documented):
-    model_config = ConfigDict(extra="allow", title="OpenEnvInspectionList",
-                              json_schema_extra=lambda schema, cls: schema.update(INSPECTION_RESPONSE))
-
-
-class OpenEnvCatalogsOut(_Documented):
-    model_config = ConfigDict(extra="allow", title="OpenEnvTaskCatalogs",
-                              json_schema_extra=lambda schema, cls: schema.update(CATALOGS_RESPONSE))
+OpenEnvInspectRequest = documented("OpenEnvInspectRequest", INSPECT_REQUEST, __name__)
+OpenEnvTasksRequest = documented("OpenEnvTasksRequest", TASKS_REQUEST, __name__)
+OpenEnvInspectionOut = documented("OpenEnvInspectionOut", INSPECTION_RESPONSE, __name__, title="OpenEnvInspectionList")
+OpenEnvCatalogsOut = documented("OpenEnvCatalogsOut", CATALOGS_RESPONSE, __name__, title="OpenEnvTaskCatalogs")
 
 
 # --- request checks ---------------------------------------------------------------------------
@@ -114,12 +90,6 @@ class OpenEnvCatalogsOut(_Documented):
 def _invalid(message: str, hint: str = "") -> KilnError:
     return KilnError("openenv_invalid_request", f"request: {message}", status=400,
                      hint=hint or "give url (or environment_urls) and only the documented fields")
-
-
-def _check_size(request) -> None:
-    if len(request.body) > MAX_BODY_BYTES:
-        raise KilnError("request_too_large", f"an OpenEnv request may hold at most {MAX_BODY_BYTES} bytes",
-                        status=413, hint="send a smaller JSON object")
 
 
 def _fields(body: dict, allowed: set[str]) -> None:
@@ -207,8 +177,8 @@ def _run(coroutine):
         raise _client_error(exc) from None
 
 
-def _body(request, model: _Documented, allowed: set[str]) -> dict:
-    _check_size(request)
+def _body(request, model: Documented, allowed: set[str]) -> dict:
+    check_body_size(request, "an OpenEnv request")
     body = model.as_dict()
     _fields(body, allowed)
     return body

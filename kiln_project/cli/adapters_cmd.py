@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from kiln_project.cli.adapters_verify_cmd import add_verify_parser, run_verify
-from kiln_project.cli.client import CliError, KilnClient
+from kiln_project.cli.client import CliError, KilnClient, raise_for_stream_error
 from kiln_project.cli.output import print_json, print_table
 
 TRANSFER_TIMEOUT = 600.0  # uploads and downloads of large adapters
@@ -82,13 +82,7 @@ def _download(client: KilnClient, name: str, output: Path) -> dict:
     partial = output.with_name(f".{output.name}.part")
     try:
         with client._http.stream("GET", f"/v1/adapters/{name}/download", timeout=TRANSFER_TIMEOUT) as response:
-            if response.status_code >= 400:
-                response.read()
-                try:
-                    error = response.json()["error"]
-                except (ValueError, KeyError, TypeError):
-                    raise CliError(f"http_{response.status_code}", response.text[:200]) from None
-                raise CliError(error["code"], error["message"], error.get("hint", ""))
+            raise_for_stream_error(response)
             size = 0
             with open(partial, "wb") as fh:
                 for chunk in response.iter_bytes():

@@ -59,6 +59,18 @@ def local_token(url: str) -> str | None:
         return None
 
 
+def raise_for_stream_error(response) -> None:
+    """A streamed download's refusal (status >= 400) as a CliError with the server's code, message and hint
+    (`http_<status>` and the start of the body when it is not the error envelope); reads the body first."""
+    if response.status_code >= 400:
+        response.read()
+        try:
+            error = response.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            raise CliError(f"http_{response.status_code}", response.text[:200]) from None
+        raise CliError(error["code"], error["message"], error.get("hint", ""))
+
+
 class KilnClient:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         self.url = (url or default_url()).rstrip("/")

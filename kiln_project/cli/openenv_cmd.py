@@ -64,29 +64,36 @@ def _positive(value: str) -> int:
     return positive_int(value)
 
 
-def _rollout_args(sub, common) -> None:
-    from kiln_project.cli.rollout_cmd import parse_bool, parse_budget
+def collection_args(parser) -> None:
+    """The collection flags `rollout` (here, collected locally) and `train` (openenv_runs_cmd.py, collected
+    by the server) share: groups and seeds, reset options, episode limits, sampling, error handling."""
+    from kiln_project.cli.rollout_cmd import parse_bool, parse_budget, positive_int
 
+    parser.add_argument("--groups", type=positive_int, default=8)
+    parser.add_argument("--group-size", type=positive_int, default=4)
+    parser.add_argument("--seed-start", type=int, default=0)
+    parser.add_argument("--reset-options", type=Path, metavar="FILE",
+                        help="one JSON reset object for every environment")
+    parser.add_argument("--environment-reset-options", action="append", default=[], metavar="FILE|-",
+                        help="a JSON reset object per --environment, aligned; - for an empty slot")
+    parser.add_argument("--max-steps", type=positive_int, default=8)
+    parser.add_argument("--concurrency", type=positive_int, default=4)
+    parser.add_argument("--max-action-tokens", type=positive_int, default=256)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--thinking", type=parse_bool, default=True, metavar="BOOL", help="default true")
+    parser.add_argument("--thinking-budget-tokens", type=parse_budget, default=None, metavar="N|unlimited")
+    parser.add_argument("--protocol-error-reward", type=float, default=-1.0)
+    parser.add_argument("--max-recoverable-errors", type=int, default=3)
+    parser.add_argument("--capacity-wait-seconds", type=float, default=300.0)
+
+
+def _rollout_args(sub, common) -> None:
     p = sub.add_parser("rollout", parents=[common], help="collect seed-matched OpenEnv episodes with Kiln's model",
                        description="Collect groups x candidates of stateful episodes and publish canonical "
                                    "AgenticGroup JSONL, the replay transcript and the summary together.")
     _environment_args(p)
     p.add_argument("--adapter", default="base", help="behavior adapter (base, none or null: the base model)")
-    p.add_argument("--groups", type=_positive, default=8)
-    p.add_argument("--group-size", type=_positive, default=4)
-    p.add_argument("--seed-start", type=int, default=0)
-    p.add_argument("--reset-options", type=Path, metavar="FILE", help="one JSON reset object for every environment")
-    p.add_argument("--environment-reset-options", action="append", default=[], metavar="FILE|-",
-                   help="a JSON reset object per --environment, aligned; - for an empty slot")
-    p.add_argument("--max-steps", type=_positive, default=8)
-    p.add_argument("--concurrency", type=_positive, default=4)
-    p.add_argument("--max-action-tokens", type=_positive, default=256)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--thinking", type=parse_bool, default=True, metavar="BOOL", help="default true")
-    p.add_argument("--thinking-budget-tokens", type=parse_budget, default=None, metavar="N|unlimited")
-    p.add_argument("--protocol-error-reward", type=float, default=-1.0)
-    p.add_argument("--max-recoverable-errors", type=int, default=3)
-    p.add_argument("--capacity-wait-seconds", type=float, default=300.0)
+    collection_args(p)
     p.add_argument("--output", type=Path, default=Path("openenv.rollouts.jsonl"))
     p.add_argument("--replay-output", type=Path, default=Path("openenv.replay.json"))
     p.add_argument("--summary-output", type=Path, default=Path("openenv.rollout-summary.json"))
@@ -209,19 +216,25 @@ def _tasks(args, endpoint, credential) -> int:
 MAX_RESET_FILE_BYTES = 16 * 1024 * 1024 - 1024
 
 
-def _reset_file(path: Path) -> dict:
+def json_object_file(path: Path, code: str, max_bytes: int) -> dict:
+    """The one JSON object in `path` (at most `max_bytes`); anything else is a CliError with `code`.
+    Reset options here, and the request `kiln openenv start --request FILE` posts (openenv_runs_cmd.py)."""
     try:
         size = path.stat().st_size
-        if size > MAX_RESET_FILE_BYTES:
-            raise CliError("openenv_invalid_collection", f"{path} holds {size} bytes; at most {MAX_RESET_FILE_BYTES}")
+        if size > max_bytes:
+            raise CliError(code, f"{path} holds {size} bytes; at most {max_bytes}")
         value = json.loads(path.read_bytes())
     except OSError as exc:
-        raise CliError("openenv_invalid_collection", f"cannot read {path}: {exc.strerror or exc}") from None
+        raise CliError(code, f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
-        raise CliError("openenv_invalid_collection", f"{path} is not JSON: {exc}") from None
+        raise CliError(code, f"{path} is not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise CliError("openenv_invalid_collection", f"{path} must hold one JSON object")
+        raise CliError(code, f"{path} must hold one JSON object")
     return value
+
+
+def _reset_file(path: Path) -> dict:
+    return json_object_file(path, "openenv_invalid_collection", MAX_RESET_FILE_BYTES)
 
 
 def _progress():

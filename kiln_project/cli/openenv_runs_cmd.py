@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from kiln_project.cli.client import CliError, KilnClient
+from kiln_project.cli.client import CliError, KilnClient, raise_for_stream_error
 from kiln_project.cli.output import print_json, print_table
 
 COMMANDS = ("start", "runs", "status", "artifact", "cancel", "train")
@@ -41,7 +41,8 @@ DOWNLOAD_SCHEMA = "kiln.openenv-artifact-download.v1"
 
 
 def _train_parser(sub, common) -> None:
-    from kiln_project.cli.rollout_cmd import parse_bool, parse_budget, positive_int
+    from kiln_project.cli.openenv_cmd import collection_args
+    from kiln_project.cli.rollout_cmd import parse_bool, positive_int
 
     p = sub.add_parser("train", parents=[common], help="collect OpenEnv episodes, then train a LoRA with GRPO",
                        description="Submit a persisted kind-train run (POST /v1/openenv/runs): the server "
@@ -53,21 +54,7 @@ def _train_parser(sub, common) -> None:
                    help="the server's credential handle for the aligned --environment; - = public")
     p.add_argument("--adapter", default="base", help="behavior adapter (base, none or null: the base model)")
     p.add_argument("--output-adapter", required=True, help="the name of the LoRA to train (a new revision)")
-    p.add_argument("--groups", type=positive_int, default=8)
-    p.add_argument("--group-size", type=positive_int, default=4)
-    p.add_argument("--seed-start", type=int, default=0)
-    p.add_argument("--reset-options", type=Path, metavar="FILE", help="one JSON reset object for every environment")
-    p.add_argument("--environment-reset-options", action="append", default=[], metavar="FILE|-",
-                   help="a JSON reset object per --environment, aligned; - for an empty slot")
-    p.add_argument("--max-steps", type=positive_int, default=8)
-    p.add_argument("--concurrency", type=positive_int, default=4)
-    p.add_argument("--max-action-tokens", type=positive_int, default=256)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--thinking", type=parse_bool, default=True, metavar="BOOL", help="default true")
-    p.add_argument("--thinking-budget-tokens", type=parse_budget, default=None, metavar="N|unlimited")
-    p.add_argument("--protocol-error-reward", type=float, default=-1.0)
-    p.add_argument("--max-recoverable-errors", type=int, default=3)
-    p.add_argument("--capacity-wait-seconds", type=float, default=300.0)
+    collection_args(p)  # the flags `kiln openenv rollout` takes too
     p.add_argument("--lora-rank", type=positive_int, default=None, help="LoRA rank (default: the trainer's)")
     p.add_argument("--training-config", type=Path, metavar="FILE", help="GRPO overrides (a GrpoConfig JSON object)")
     p.add_argument("--post-eval-suite", metavar="SUITE", help="prove it after training: an installed eval suite")
@@ -190,17 +177,9 @@ def _path(run_id: str) -> str:
 
 
 def _start(client: KilnClient, args) -> int:
-    try:
-        size = args.request.stat().st_size
-        if size > MAX_REQUEST_BYTES:
-            raise CliError("openenv_invalid_request", f"{args.request} holds {size} bytes; at most {MAX_REQUEST_BYTES}")
-        body = json.loads(args.request.read_bytes())
-    except OSError as exc:
-        raise CliError("openenv_invalid_request", f"cannot read {args.request}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise CliError("openenv_invalid_request", f"{args.request} is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise CliError("openenv_invalid_request", f"{args.request} must hold one JSON object")
+    from kiln_project.cli.openenv_cmd import json_object_file
+
+    body = json_object_file(args.request, "openenv_invalid_request", MAX_REQUEST_BYTES)
     status = client.post("/v1/openenv/runs", json=body)
     if args.follow:
         if not args.json:
@@ -328,13 +307,7 @@ def _artifact(client: KilnClient, args) -> int:
     digest, size = hashlib.sha256(), 0
     try:
         with client._http.stream("GET", source, timeout=TRANSFER_TIMEOUT) as response:
-            if response.status_code >= 400:
-                response.read()
-                try:
-                    error = response.json()["error"]
-                except (ValueError, KeyError, TypeError):
-                    raise CliError(f"http_{response.status_code}", response.text[:200]) from None
-                raise CliError(error["code"], error["message"], error.get("hint", ""))
+            raise_for_stream_error(response)
             expected = response.headers.get("etag", "").strip('"')
             length = int(response.headers.get("content-length", "-1"))
             with open(partial, "wb") as fh:

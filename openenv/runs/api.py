@@ -14,21 +14,19 @@ manifest-bound file after re-checking it on the open descriptor (openenv.runs.do
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.conf import settings
 from django.http import StreamingHttpResponse
 from ninja import Router, Status
-from pydantic import BaseModel, ConfigDict
 
 from core.accounts.auth import require_permission
 from core.errors import KilnError
+from openenv.api_support import check_body_size, documented, json_body
 from openenv.runs.request import FIELDS
 
 router = Router(tags=["openenv"])
 
-MAX_BODY_BYTES = 1024 * 1024
 RUN_REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["kind", "environment_urls"],
     "description": "OpenEnvRunRequest (reference-spec §1.6); environments is an alias of environment_urls",
@@ -56,26 +54,9 @@ LIST_SCHEMA: dict[str, Any] = {"type": "object", "required": ["schema", "runs"],
                                               "runs": {"type": "array", "items": RUN_SCHEMA}}}
 
 
-class _Documented(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-
-class OpenEnvRunRequest(_Documented):
-    model_config = ConfigDict(extra="allow", title="OpenEnvRunRequest",
-                              json_schema_extra=lambda schema, cls: schema.update(RUN_REQUEST_SCHEMA))
-
-
-class OpenEnvRunStatusOut(_Documented):
-    model_config = ConfigDict(extra="allow", title="OpenEnvRunStatus",
-                              json_schema_extra=lambda schema, cls: schema.update(RUN_SCHEMA))
-
-
-class OpenEnvRunListOut(_Documented):
-    model_config = ConfigDict(extra="allow", title="OpenEnvRunList",
-                              json_schema_extra=lambda schema, cls: schema.update(LIST_SCHEMA))
+OpenEnvRunRequest = documented("OpenEnvRunRequest", RUN_REQUEST_SCHEMA, __name__)
+OpenEnvRunStatusOut = documented("OpenEnvRunStatusOut", RUN_SCHEMA, __name__, title="OpenEnvRunStatus")
+OpenEnvRunListOut = documented("OpenEnvRunListOut", LIST_SCHEMA, __name__, title="OpenEnvRunList")
 
 
 def require_enabled() -> None:
@@ -110,14 +91,8 @@ def runs_create(request, body: OpenEnvRunRequest):
 
     require_enabled()
     require_permission(request, "submit_job")
-    if len(request.body) > MAX_BODY_BYTES:
-        raise KilnError("request_too_large", f"an OpenEnv run request may hold at most {MAX_BODY_BYTES} bytes",
-                        status=413, hint="send a smaller JSON object")
-    try:
-        raw = json.loads(request.body)
-    except ValueError:
-        raise KilnError("openenv_invalid_request", "request: is not JSON", status=400,
-                        hint="send one JSON object (OpenEnvRunRequest)") from None
+    check_body_size(request, "an OpenEnv run request")
+    raw = json_body(request, "openenv_invalid_request", hint="send one JSON object (OpenEnvRunRequest)")
     run, created = run_create(body=raw, user=request.user)
     return Status(202 if created else 200, run_status(run))
 

@@ -174,14 +174,18 @@ def _fail(run: OpenEnvRun, fail: dict):
     raise KilnError(fail["code"], fail["message"], hint=fail.get("hint", ""))
 
 
-def run_openenv_job(ctx) -> dict:
-    run = OpenEnvRun.objects.filter(id=ctx.payload["run_id"]).first()
-    if run is None or run.state != RunState.DISCOVERING:
+def run_stage_job(ctx, run: OpenEnvRun | None, state: str, stage: str, body) -> dict:
+    """A run's job for one stage: `body(ctx, run)` when the run is (still) in `state`, else a skip (the run
+    is gone, or already past that stage). The run ends with its job, unless it already ended: cancelled
+    when the job is, failed (orchestration_failed at `stage`) on any other error; either way the next
+    queued runs are admitted. The collection job (below) and the environment evaluation's
+    (openenv/training/evaluation.py) both run this way."""
+    if run is None or run.state != state:
         return {"run_id": ctx.payload["run_id"], "skipped": run.state if run else "missing"}
     from core.jobs.runner import JobCancelled
 
     try:
-        return _execute(ctx, run)
+        return body(ctx, run)
     except JobCancelled:
         run.refresh_from_db()
         if not run.is_terminal:
@@ -190,11 +194,15 @@ def run_openenv_job(ctx) -> dict:
     except Exception as exc:
         run.refresh_from_db()
         if not run.is_terminal:
-            services.run_fail(run, services.failure("orchestration_failed", "orchestration",
-                                                    f"{type(exc).__name__}: {exc}"))
+            services.run_fail(run, services.failure("orchestration_failed", stage, f"{type(exc).__name__}: {exc}"))
         raise
     finally:
         services.runs_admit()
+
+
+def run_openenv_job(ctx) -> dict:
+    run = OpenEnvRun.objects.filter(id=ctx.payload["run_id"]).first()
+    return run_stage_job(ctx, run, RunState.DISCOVERING, "orchestration", _execute)
 
 
 def _execute(ctx, run: OpenEnvRun) -> dict:

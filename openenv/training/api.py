@@ -9,18 +9,15 @@ Failures use the training codes (400 `training_invalid_request`, 503 `mock_mode`
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ninja import Router
-from pydantic import BaseModel, ConfigDict
 
 from core.accounts.auth import require_permission
-from core.errors import KilnError
+from openenv.api_support import check_body_size, documented, json_body
 
 router = Router(tags=["openenv"])
 
-MAX_BODY_BYTES = 1024 * 1024
 PREFLIGHT_REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["output_adapter"],
     "description": "OpenEnvTrainingPreflightRequest (reference-spec §1.6)",
@@ -34,18 +31,10 @@ PREFLIGHT_RECEIPT_SCHEMA: dict[str, Any] = {
                  "training_contract", "training_contract_sha256"]}
 
 
-class _Documented(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class PreflightRequest(_Documented):
-    model_config = ConfigDict(extra="allow", title="OpenEnvTrainingPreflightRequest",
-                              json_schema_extra=lambda schema, cls: schema.update(PREFLIGHT_REQUEST_SCHEMA))
-
-
-class PreflightReceipt(_Documented):
-    model_config = ConfigDict(extra="allow", title="OpenEnvTrainingPreflightReceipt",
-                              json_schema_extra=lambda schema, cls: schema.update(PREFLIGHT_RECEIPT_SCHEMA))
+PreflightRequest = documented("PreflightRequest", PREFLIGHT_REQUEST_SCHEMA, __name__,
+                              title="OpenEnvTrainingPreflightRequest")
+PreflightReceipt = documented("PreflightReceipt", PREFLIGHT_RECEIPT_SCHEMA, __name__,
+                              title="OpenEnvTrainingPreflightReceipt")
 
 
 @router.post("/preflight", summary="Seal the training contract of an OpenEnv train run (nothing is reserved)",
@@ -56,11 +45,6 @@ def training_preflight_route(request, body: PreflightRequest):
 
     require_enabled()
     require_permission(request, "submit_job")
-    if len(request.body) > MAX_BODY_BYTES:
-        raise KilnError("request_too_large", f"a preflight request may hold at most {MAX_BODY_BYTES} bytes",
-                        status=413, hint="send a smaller JSON object")
-    try:
-        value = json.loads(request.body)
-    except ValueError:
-        raise KilnError("training_invalid_request", "request: is not JSON", status=400) from None
+    check_body_size(request, "a preflight request")
+    value = json_body(request, "training_invalid_request")
     return training_preflight(**preflight_request(value))

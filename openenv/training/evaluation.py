@@ -183,25 +183,10 @@ def _stopped(run: OpenEnvRun, ctx):
 
 
 def run_environment_eval_job(ctx) -> dict:
-    run = OpenEnvRun.objects.select_related("training_job").filter(id=ctx.payload["run_id"]).first()
-    if run is None or run.state != RunState.ENVIRONMENT_EVALUATING:
-        return {"run_id": ctx.payload["run_id"], "skipped": run.state if run else "missing"}
-    from core.jobs.runner import JobCancelled
+    from openenv.runs.jobs import run_stage_job
 
-    try:
-        return _evaluate(ctx, run)
-    except JobCancelled:
-        run.refresh_from_db()
-        if not run.is_terminal:
-            services.run_mark_cancelled(run, reason=f"cancelled while {run.state}")
-        raise
-    except Exception as exc:
-        run.refresh_from_db()
-        if not run.is_terminal:
-            services.run_fail(run, services.failure("orchestration_failed", STAGE, f"{type(exc).__name__}: {exc}"))
-        raise
-    finally:
-        services.runs_admit()
+    run = OpenEnvRun.objects.select_related("training_job").filter(id=ctx.payload["run_id"]).first()
+    return run_stage_job(ctx, run, RunState.ENVIRONMENT_EVALUATING, STAGE, _evaluate)
 
 
 def _evaluate(ctx, run: OpenEnvRun) -> dict:

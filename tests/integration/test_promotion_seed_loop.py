@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import random
 import re
-from pathlib import Path
-
-import pytest
 
 from gpu_runtime.tiny_tasks import arithmetic_example, draw_arithmetic
 from tests.integration.test_post_eval_gate_e2e import (
@@ -32,18 +29,10 @@ from tests.integration.test_post_eval_gate_e2e import (
     _suite,
     _train,
 )
+from tests.support.browser import PASSWORD, browser_marks, launch, login
 from tests.support.stack import wait_until
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-PASSWORD = "correct-horse-42"
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.integration,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium (/usr/bin/chromium) is not installed"),
-]
+pytestmark = browser_marks
 
 
 def _climbing_inverted_groups(count: int, *, seed: int) -> list[dict]:
@@ -82,15 +71,10 @@ def _approve_in_browser(stack, promotion_id: int, reason: str) -> None:
 
     path = f"/ui/promotions/{promotion_id}/"
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         try:
             expect.set_options(timeout=30_000)
-            page = browser.new_context(viewport={"width": 1360, "height": 1000}).new_page()
-            page.goto(stack.url + path)
-            page.fill("#id_username", "reviewer")
-            page.fill("#id_password", PASSWORD)
-            page.click("form.stack button[type=submit]")
-            expect(page).to_have_url(stack.url + path)
+            page = login(browser, stack, "reviewer", path=path, height=1000, timeout_ms=None)
             expect(page.locator("#gate-outcome")).to_have_text("promoted")
             page.fill("#approve-reason", reason)
             page.click("#approve-button")

@@ -8,23 +8,11 @@ page changes without a reload.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-import pytest
-
+from tests.support.browser import PASSWORD, TIMEOUT_MS, browser_marks, launch, submit_login
 from tests.support.stack import wait_until
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-PASSWORD = "correct-horse-42"
-TIMEOUT_MS = 20_000
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.integration,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium (/usr/bin/chromium) is not installed"),
-]
+pytestmark = browser_marks
 
 
 def _job_state(stack, token: str, job_id: str) -> str:
@@ -44,7 +32,7 @@ def test_live_progress_and_cancel_in_a_real_browser(stack, tmp_path):
     wait_until(lambda: _job_state(stack, token, job_id) == "running", 30, what="the worker to start the job")
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.set_default_timeout(TIMEOUT_MS)
@@ -53,9 +41,7 @@ def test_live_progress_and_cancel_in_a_real_browser(stack, tmp_path):
             # Every page needs a login; the form sends us back where we were going.
             page.goto(stack.url + "/ui/jobs/")
             expect(page).to_have_url(re.compile(r"/ui/login/\?next=/ui/jobs/$"))
-            page.fill("#id_username", "alice")
-            page.fill("#id_password", PASSWORD)
-            page.click("form.stack button[type=submit]")
+            submit_login(page, "alice")
             expect(page).to_have_url(stack.url + "/ui/jobs/")
             expect(page.locator(".topbar .user")).to_have_text("alice")
 

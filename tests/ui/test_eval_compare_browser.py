@@ -11,16 +11,10 @@ Screenshots land in /tmp/kiln-ui-eval-*.png.
 
 from __future__ import annotations
 
-import pytest
-
+from tests.support.browser import PASSWORD, browser_marks, launch, login
 from tests.support.stack import wait_until
-from tests.ui.test_evaluations_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.integration,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium (/usr/bin/chromium) is not installed"),
-]
+pytestmark = browser_marks
 
 TIMEOUT_MS = 30_000
 TERMINAL = ("completed", "failed", "cancelled")
@@ -43,16 +37,10 @@ def test_compare_base_with_base_and_see_the_outcome_counts(stack_factory, tiny_m
     assert api.post("/v1/eval/suites", json=SUITE).status_code == 200
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         try:
-            page = browser.new_page(viewport={"width": 1360, "height": 900})
-            page.set_default_timeout(TIMEOUT_MS)
             expect.set_options(timeout=TIMEOUT_MS)
-            page.goto(stack.url + "/ui/evaluations/suites/sums/")
-            page.fill("#id_username", "alice")
-            page.fill("#id_password", PASSWORD)
-            page.click("form.stack button[type=submit]")
-            expect(page).to_have_url(stack.url + "/ui/evaluations/suites/sums/")
+            page = login(browser, stack, "alice", path="/ui/evaluations/suites/sums/", timeout_ms=TIMEOUT_MS)
 
             # Base against base, through the suite page's form.
             page.select_option("#id_target_0", "base")

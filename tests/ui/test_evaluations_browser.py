@@ -12,21 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-import pytest
+from tests.support.browser import PASSWORD, TIMEOUT_MS, browser_marks, launch, login
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-PASSWORD = "correct-horse-42"
-TIMEOUT_MS = 20_000
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.integration,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium (/usr/bin/chromium) is not installed"),
-]
+pytestmark = browser_marks
 
 
 def _group(i: int) -> dict:
@@ -46,16 +35,10 @@ def test_upload_a_dataset_through_the_page_and_see_its_split_counts(stack, tmp_p
     bad.write_text(json.dumps(_group(0)) + "\n{oops\n")
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         try:
-            page = browser.new_page(viewport={"width": 1360, "height": 900})
-            page.set_default_timeout(TIMEOUT_MS)
             expect.set_options(timeout=TIMEOUT_MS)
-            page.goto(stack.url + "/ui/evaluations/datasets/")
-            page.fill("#id_username", "alice")
-            page.fill("#id_password", PASSWORD)
-            page.click("form.stack button[type=submit]")
-            expect(page).to_have_url(stack.url + "/ui/evaluations/datasets/")
+            page = login(browser, stack, "alice", path="/ui/evaluations/datasets/")
             expect(page.locator("#datasets-empty")).to_be_visible()
 
             # A broken line: the error sits next to the file, and nothing is stored.

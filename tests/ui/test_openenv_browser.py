@@ -20,18 +20,11 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-PASSWORD = "correct-horse-42"
+from tests.support.browser import PASSWORD, browser_marks, launch, login
+
 TIMEOUT_MS = 30_000
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.integration,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium (/usr/bin/chromium) is not installed"),
-]
+pytestmark = [*browser_marks, pytest.mark.timeout(600)]
 
 # The control worker, on the stack's database: the fake policy (a little slow, so the card is seen
 # collecting) instead of the model; it drains the control queue until no run is left unfinished.
@@ -74,17 +67,11 @@ def test_a_rollout_run_from_the_form_inspected_collected_live_and_downloaded(sta
         stack.start_web()
         stack.create_user("alice", PASSWORD)
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            browser = launch(playwright)
             try:
-                context = browser.new_context(viewport={"width": 1360, "height": 900}, accept_downloads=True)
-                page = context.new_page()
-                page.set_default_timeout(TIMEOUT_MS)
                 expect.set_options(timeout=TIMEOUT_MS)
-                page.goto(stack.url + "/ui/training/openenv/")
-                page.fill("#id_username", "alice")
-                page.fill("#id_password", PASSWORD)
-                page.click("form.stack button[type=submit]")
-                expect(page).to_have_url(stack.url + "/ui/training/openenv/")
+                page = login(browser, stack, "alice", path="/ui/training/openenv/", timeout_ms=TIMEOUT_MS,
+                             accept_downloads=True)
                 expect(page.locator("#no-runs")).to_be_visible()
 
                 # A second row can be added and removed (htmx), then Inspect the first.

@@ -16,21 +16,10 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
-import pytest
+from tests.support.browser import PASSWORD, TIMEOUT_MS, browser_marks, launch, login
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-PASSWORD = "correct-horse-42"
-TIMEOUT_MS = 20_000
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.integration,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium (/usr/bin/chromium) is not installed"),
-]
+pytestmark = browser_marks
 
 # Runs on the stack's database: r1 serving, r2 trained by a job whose reward rose, and a promotion of
 # r2 requested by `requester` with a gate in which r2 is worse on held-out work (the alarm). Prints its id.
@@ -71,20 +60,6 @@ print(promotion.id)
 """
 
 
-def _login(browser, stack, username: str, path: str):
-    from playwright.sync_api import expect
-
-    context = browser.new_context(viewport={"width": 1360, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(stack.url + path)
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("form.stack button[type=submit]")
-    expect(page).to_have_url(stack.url + path)
-    return page
-
-
 def test_a_reviewer_approves_in_the_browser_and_another_user_sees_it_live(stack):
     from playwright.sync_api import expect, sync_playwright
 
@@ -95,11 +70,11 @@ def test_a_reviewer_approves_in_the_browser_and_another_user_sees_it_live(stack)
     detail = f"/ui/promotions/{promotion_id}/"
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         try:
             expect.set_options(timeout=TIMEOUT_MS)
             # The requester watches the promotion and the queue; they may not decide.
-            watcher = _login(browser, stack, "requester", detail)
+            watcher = login(browser, stack, "requester", path=detail, height=1000)
             expect(watcher.locator("#promotion-state .badge")).to_have_text("pending")
             expect(watcher.locator("#approve-button")).to_be_disabled()
             expect(watcher.locator("#reject-button")).to_be_disabled()
@@ -114,7 +89,7 @@ def test_a_reviewer_approves_in_the_browser_and_another_user_sees_it_live(stack)
             queue.evaluate("window.kilnSamePage = true")
 
             # The reviewer sees the evidence and the alarm.
-            reviewer = _login(browser, stack, "reviewer", detail)
+            reviewer = login(browser, stack, "reviewer", path=detail, height=1000)
             expect(reviewer.locator("#promotion-alarms")).to_contain_text("training reward rose")
             expect(reviewer.locator("#gate-outcome")).to_have_text("regression")
             expect(reviewer.locator("#gate-regressed")).to_have_text("6")

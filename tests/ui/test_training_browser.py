@@ -11,15 +11,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 
-import pytest
+from tests.support.browser import PASSWORD, TIMEOUT_MS, browser_marks, launch, login
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-PASSWORD = "correct-horse-42"
-TIMEOUT_MS = 20_000
 GROUPS = [
     {"messages": [{"role": "user", "content": "What is 47 + 138? Reply with just the number."}],
      "completions": [{"text": "185", "reward": 1.0}, {"text": "175", "reward": 0.0}, {"text": "185", "reward": 1.0}]},
@@ -27,11 +21,7 @@ GROUPS = [
      "completions": [{"text": "144", "reward": 1.0}, {"text": "124", "reward": 0.0}]},
 ]
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.integration,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium (/usr/bin/chromium) is not installed"),
-]
+pytestmark = browser_marks
 
 # Plays the GPU worker from a subprocess on the stack's database: argv = action, job id, JSON.
 FAKE_WORKER = r"""
@@ -110,16 +100,10 @@ def test_grpo_form_queue_and_live_training_job_page(stack, tmp_path):
     bad.write_text(json.dumps(GROUPS[0]).replace("0.0", "NaN") + "\n")
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         try:
-            page = browser.new_page(viewport={"width": 1360, "height": 900})
-            page.set_default_timeout(TIMEOUT_MS)
             expect.set_options(timeout=TIMEOUT_MS)
-            page.goto(stack.url + "/ui/training/grpo/")
-            page.fill("#id_username", "alice")
-            page.fill("#id_password", PASSWORD)
-            page.click("form.stack button[type=submit]")
-            expect(page).to_have_url(stack.url + "/ui/training/grpo/")
+            page = login(browser, stack, "alice", path="/ui/training/grpo/")
             expect(page.locator("#training-queue[data-source=live]")).to_have_count(1)
 
             # A NaN reward: the page comes back with the error next to the upload, nothing queued.

@@ -6,12 +6,16 @@ Jobs run in process (`run_queued_jobs("control")`)."""
 from __future__ import annotations
 
 import json
+import types
 from dataclasses import replace
 
+import httpx
 import pytest
 from django.test import Client
 
 from core.accounts.services import token_create, user_create
+from kiln_project.cli import client as client_module
+from kiln_project.cli.main import main
 from tests.openenv.collector_fakes import FakeCounterPolicy
 from tests.openenv.real_server import RealServer, openenv_python
 
@@ -83,3 +87,25 @@ def error_of(response, status, code):
     assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "hint"}, body
     assert body["error"]["code"] == code, body
     return body["error"]
+
+
+def cli_through(api, monkeypatch, after_post):
+    """`run(*argv)`: `kiln openenv ARGV --url http://kiln.test` (main) with KilnClient talking to this test's
+    Django through `api`: an httpx transport hands each request to the test client, and calls
+    `after_post(request)` once a POST is answered (the tests run the queued jobs there)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        response = api.generic(request.method, request.url.raw_path.decode(), data=request.content,
+                               content_type=request.headers.get("content-type", "application/json"))
+        if request.method == "POST":
+            after_post(request)
+        content = b"".join(response.streaming_content) if response.streaming else response.content
+        return httpx.Response(response.status_code, headers=dict(response.items()), content=content)
+
+    def make_client(*args, **kwargs):
+        return httpx.Client(*args, transport=httpx.MockTransport(handle), **kwargs)
+
+    monkeypatch.setattr(client_module, "httpx", types.SimpleNamespace(Client=make_client,
+                                                                      TransportError=httpx.TransportError))
+    monkeypatch.setenv("KILN_API_TOKEN", "unused-the-test-client-authenticates")
+    return lambda *argv: main(["openenv", *argv, "--url", "http://kiln.test"])

@@ -8,42 +8,26 @@ import hashlib
 import json
 import types
 
-import httpx
 import pytest
 
 from core.jobs.runner import run_queued_jobs
-from kiln_project.cli import client as client_module
-from kiln_project.cli.main import main
 from openenv.models import OpenEnvRun
-from tests.openenv.runs.conftest import rollout_body
+from tests.openenv.runs.conftest import cli_through, rollout_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
 def cli(api, monkeypatch):
-    """main([...]) with KilnClient talking to this test's Django through `api`."""
+    """main([...]) with KilnClient talking to this test's Django through `api`; after a POST the control
+    queue runs in process unless `cli.execute` is set false."""
     bridge = types.SimpleNamespace(execute=True)
 
-    def handle(request: httpx.Request) -> httpx.Response:
-        response = api.generic(request.method, request.url.raw_path.decode(), data=request.content,
-                               content_type=request.headers.get("content-type", "application/json"))
-        if request.method == "POST" and bridge.execute:
+    def after_post(request):
+        if bridge.execute:
             run_queued_jobs("control")
-        content = b"".join(response.streaming_content) if response.streaming else response.content
-        return httpx.Response(response.status_code, headers=dict(response.items()), content=content)
 
-    def make_client(*args, **kwargs):
-        return httpx.Client(*args, transport=httpx.MockTransport(handle), **kwargs)
-
-    monkeypatch.setattr(client_module, "httpx", types.SimpleNamespace(Client=make_client,
-                                                                      TransportError=httpx.TransportError))
-    monkeypatch.setenv("KILN_API_TOKEN", "unused-the-test-client-authenticates")
-
-    def run(*argv):
-        return main(["openenv", *argv, "--url", "http://kiln.test"])
-
-    bridge.run = run
+    bridge.run = cli_through(api, monkeypatch, after_post)
     return bridge
 
 

@@ -160,7 +160,9 @@ def test_cancel_while_collecting_stops_at_the_boundary_and_publishes_nothing(api
             time.sleep(0.1)
         assert response.status_code == 200, response.content
         assert response.json()["cancel_requested"] is True
-        assert response.json()["state"] in ("collecting", "cancelled")
+        # The job persists the collector's phase when it next polls it, so the row may still say
+        # discovering although the policy was already asked; what counts is where it stops (below).
+        assert response.json()["state"] in ("discovering", "collecting", "cancelled")
     finally:
         thread.join(120)
         BlockingPolicy.release.set()

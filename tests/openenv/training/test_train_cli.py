@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import types
 
-import httpx
 import pytest
 
 from core.jobs.models import Job
 from core.jobs.runner import run_queued_jobs
-from kiln_project.cli import client as client_module
-from kiln_project.cli.main import main
 from openenv.models import OpenEnvRun
+from tests.openenv.runs.conftest import cli_through
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db, pytest.mark.timeout(600)]
 
@@ -23,25 +21,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db, pytest.mark.timeou
 def cli(api, monkeypatch, django_capture_on_commit_callbacks):
     posted = []
 
-    def handle(request: httpx.Request) -> httpx.Response:
-        response = api.generic(request.method, request.url.raw_path.decode(), data=request.content,
-                               content_type=request.headers.get("content-type", "application/json"))
-        if request.method == "POST":
-            posted.append(json.loads(request.content))
-            with django_capture_on_commit_callbacks(execute=True):
-                run_queued_jobs("control")
-                run_queued_jobs("gpu")
-        content = b"".join(response.streaming_content) if response.streaming else response.content
-        return httpx.Response(response.status_code, headers=dict(response.items()), content=content)
+    def after_post(request):
+        posted.append(json.loads(request.content))
+        with django_capture_on_commit_callbacks(execute=True):
+            run_queued_jobs("control")
+            run_queued_jobs("gpu")
 
-    def make_client(*args, **kwargs):
-        return httpx.Client(*args, transport=httpx.MockTransport(handle), **kwargs)
-
-    monkeypatch.setattr(client_module, "httpx", types.SimpleNamespace(Client=make_client,
-                                                                      TransportError=httpx.TransportError))
-    monkeypatch.setenv("KILN_API_TOKEN", "unused-the-test-client-authenticates")
-    return types.SimpleNamespace(run=lambda *argv: main(["openenv", *argv, "--url", "http://kiln.test"]),
-                                 posted=posted)
+    return types.SimpleNamespace(run=cli_through(api, monkeypatch, after_post), posted=posted)
 
 
 def test_openenv_train_collects_trains_and_follows(cli, home, counter, served, policies, tmp_path, capsys):
