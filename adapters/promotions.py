@@ -227,7 +227,7 @@ def promotion_apply(*, promotion_id: int, canary: dict, job=None) -> Promotion:
     from adapters.activation import make_active
 
     with transaction.atomic():
-        promotion = Promotion.objects.select_for_update().select_related("decided_by").filter(id=promotion_id).first()
+        promotion = Promotion.objects.select_for_update(of=("self",)).select_related("decided_by").filter(id=promotion_id).first()
         if promotion is None:
             raise _not_found(promotion_id)
         if promotion.state != PromotionState.APPROVED:

@@ -154,7 +154,7 @@ def check_activation_right(user, *, field: str = "name") -> None:
 
 
 def _locked(name: str) -> Adapter:
-    adapter = Adapter.objects.select_for_update().select_related("training_job").filter(name=name).first()
+    adapter = Adapter.objects.select_for_update(of=("self",)).select_related("training_job").filter(name=name).first()
     if adapter is None:
         raise _not_found(name)
     return adapter

@@ -74,5 +74,6 @@ def test_two_approvals_at_once_apply_once_on_postgresql(home):
     outcomes = _race(promotion.id, reviewers)
     assert sorted(outcomes) == ["approved", "promotion_not_pending"], outcomes
     drain_activations()
-    assert Promotion.objects.get(id=promotion.id).state == "applied"
+    applied = Promotion.objects.get(id=promotion.id)
+    assert applied.state == "applied", applied.reason
     assert AdapterTransition.objects.filter(adapter="cand", to_state="active").count() == 1
