@@ -51,7 +51,7 @@ def _form_error(message: str, field: str) -> KilnError:
     return KilnError("training_invalid_request", message, status=400, field=field)
 
 
-def _number(raw: str, kind):
+def form_number(raw: str, kind):
     """Form text to the JSON number the API takes; text that is no number goes on as given, so the
     service's validation answers it with the field's name."""
     try:
@@ -71,8 +71,9 @@ def _groups_from_upload(upload) -> list:
                           else f"jsonl_file: {exc.message}", "jsonl_file") from None
 
 
-def _post_eval(values: dict) -> dict | None:
-    """The request's `post_eval` from the form's section, or None when it is left blank. Its rules
+def post_eval_from_form(values: dict) -> dict | None:
+    """The request's `post_eval` from a form's post-eval section (the GRPO and OpenEnv forms share the
+    field names), or None when it is left blank. Its rules
     (suite required, min_accuracy in [0, 1] and refused with train-set-eval) are PostEvalConfig's."""
     suite = values["post_eval_suite"].strip()
     scope = values["post_eval_data_scope"].strip() or "held-out"
@@ -81,7 +82,7 @@ def _post_eval(values: dict) -> dict | None:
         return None
     post_eval: dict = {"suite": suite, "data_scope": scope, "include_baseline": values["post_eval_include_baseline"]}
     if minimum:
-        post_eval["min_accuracy"] = _number(minimum, float)
+        post_eval["min_accuracy"] = form_number(minimum, float)
     return post_eval
 
 
@@ -102,13 +103,13 @@ def _request_body(values: dict, files) -> dict:
             config[name] = values[name].strip()
     for name in INT_FIELDS:
         if values[name].strip():
-            config[name] = _number(values[name].strip(), int)
+            config[name] = form_number(values[name].strip(), int)
     for name in FLOAT_FIELDS:
         if values[name].strip():
-            config[name] = _number(values[name].strip(), float)
+            config[name] = form_number(values[name].strip(), float)
     config["auto_load"] = values["auto_load"]
     body: dict = {"config": config}
-    post_eval = _post_eval(values)
+    post_eval = post_eval_from_form(values)
     if post_eval is not None:
         body["post_eval"] = post_eval
     upload = files.get("jsonl_file")

@@ -16,6 +16,7 @@ import re
 import uuid
 
 from core.errors import KilnError
+from training.views import form_number, post_eval_from_form
 
 KEY_PREFIX = "ui:"
 # Plain request fields that are one text input each: (name, type).
@@ -79,13 +80,6 @@ def _invalid(field: str, message: str, hint: str = "") -> KilnError:
                      hint=hint or "see OpenEnvRunRequest in /v1/openapi.json")
 
 
-def _number(raw: str, kind):
-    try:
-        return kind(raw)
-    except ValueError:
-        return raw
-
-
 def _json_object(text: str, field: str):
     try:
         return json.loads(text)
@@ -98,7 +92,7 @@ def _numbers(values: dict, fields, prefix: str = "") -> dict:
     for name, kind in fields:
         raw = values[prefix + name].strip()
         if raw:
-            out[name] = _number(raw, kind)
+            out[name] = form_number(raw, kind)
     return out
 
 
@@ -112,18 +106,6 @@ def _environment_eval(values: dict) -> dict | None:
     if filled_gate:
         evaluation["gate"] = gate
     return evaluation
-
-
-def _post_eval(values: dict) -> dict | None:
-    suite = values["post_eval_suite"].strip()
-    scope = values["post_eval_data_scope"].strip() or "held-out"
-    minimum = values["post_eval_min_accuracy"].strip()
-    if not (suite or minimum or values["post_eval_include_baseline"] or scope != "held-out"):
-        return None
-    post_eval: dict = {"suite": suite, "data_scope": scope, "include_baseline": values["post_eval_include_baseline"]}
-    if minimum:
-        post_eval["min_accuracy"] = _number(minimum, float)
-    return post_eval
 
 
 def _training_config(values: dict) -> dict | None:
@@ -158,7 +140,7 @@ def request_body(values: dict) -> dict:
     body["auto_load"] = values["auto_load"]
     if values["output_adapter"].strip():
         body["output_adapter"] = values["output_adapter"].strip()
-    for field, value in (("training_config", _training_config(values)), ("post_eval", _post_eval(values)),
+    for field, value in (("training_config", _training_config(values)), ("post_eval", post_eval_from_form(values)),
                          ("environment_eval", _environment_eval(values))):
         if value is not None:
             body[field] = value
