@@ -29,7 +29,7 @@ from gpu_runtime.tiny_release import RECIPE_FILE
 from gpu_runtime.tiny_tasks import SYSTEM_PROMPT, Example, TaskSampler, held_out_arithmetic, tokenizer_corpus
 
 RECIPE_SCHEMA = "kiln.tiny-model.v1"
-DEFAULT_WARM_STEPS = 500
+DEFAULT_WARM_STEPS = 600
 VOCAB_SIZE = 1024
 MODEL_SHAPE = {
     "hidden_size": 96,
@@ -158,9 +158,9 @@ def encode_examples(
 ) -> list[tuple[list[int], int]]:
     """Tokenise (prompt, answer) pairs exactly as the sampler sees them: prompt ids, then answer ids.
 
-    `flags` holds (thinking, with_system) per example. Prompts are rendered through the chat
-    template once per flag combination with a placeholder question, which is exact because the
-    template copies message content verbatim.
+    `flags` holds (thinking, with_system) per example. Single-turn prompts are rendered through the
+    chat template once per flag combination with a placeholder question, which is exact because the
+    template copies message content verbatim; an example with its own `messages` is rendered whole.
     """
     placeholder = "\x00QUESTION\x00"
     frames = {}
@@ -173,7 +173,11 @@ def encode_examples(
             )
     prompts, answers = [], []
     for ex, (thinking, with_system) in zip(examples, flags, strict=True):
-        prompts.append(frames[thinking, with_system].replace(placeholder, ex.question))
+        if ex.messages is not None:  # a whole conversation (OpenEnv): rendered as the collector sends it
+            prompts.append(tokenizer.apply_chat_template(
+                list(ex.messages), add_generation_prompt=True, enable_thinking=thinking, tokenize=False))
+        else:
+            prompts.append(frames[thinking, with_system].replace(placeholder, ex.question))
         answer = f"{ex.reasoning}\n</think>\n\n{ex.answer}" if thinking else ex.answer
         answers.append(answer + IM_END)
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]

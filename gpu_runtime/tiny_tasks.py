@@ -1,11 +1,18 @@
 """Synthetic tasks and the built-in tokenizer corpus for Kiln's tiny model. Pure Python; imports no Django.
 
-Three task families, all rendered as one user turn and a short assistant answer:
+Five task families, each a prompt and a short assistant answer:
 - arithmetic: "What is 47 + 13? Reply with just the number." -> "60": sums of two operands,
   each one digit or two with even odds, so questions range from easy to hard. About one pair in
   ten is held out of warm-up by a hash of the question, so accuracy on those measures
   generalisation rather than recall;
+- open arithmetic, the demo task with headroom: "What is 47 + 13?" with no format asked for. The
+  warm-up answers it the way a chatty model does: most often by announcing the sum instead of
+  giving it ("Let me add 47 and 13."), otherwise with the number ("60"). Under a last-integer
+  scorer only the number counts, so the base model is far below its arithmetic ceiling here
+  and GRPO has a format to learn (docs/tiny-model.md, examples/grpo-math/);
 - JSON: 'Reply with one JSON object that sets "delta" to 2.' -> '{"delta": 2}';
+- OpenEnv actions: Kiln's OpenEnv system prompt for a synthetic environment, an observation, a
+  schema-valid JSON action (`gpu_runtime.tiny_openenv_tasks`);
 - a handful of chat lines, so a greeting gets a sentence back instead of noise.
 With thinking on, answers carry a one-line reasoning ("47 + 13 = 60") before `</think>`.
 """
@@ -16,10 +23,20 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from gpu_runtime.tiny_openenv_tasks import openenv_episode
+
 ARITHMETIC_PHRASINGS = (
     "What is {a} + {b}? Reply with just the number.",
     "Compute {a} + {b}. Reply with just the number.",
     "{a} + {b} = ? Reply with just the number.",
+)
+OPEN_ARITHMETIC_PHRASINGS = ("What is {a} + {b}?", "Add {a} and {b}.")
+# How the warm-up answers an open sum: (share, template). Announcing wins the first token, so the
+# base model's greedy answer is usually the announcement; sampled, under half of its answers are a
+# number at all. The bare number reuses the skill the "Reply with just the number." phrasing trains.
+OPEN_ARITHMETIC_STYLES = (
+    (0.55, "Let me add {a} and {b}."),
+    (0.45, "{s}"),
 )
 JSON_KEYS = ("delta", "amount", "arm", "value", "count", "step", "move", "index")
 JSON_PHRASINGS = (
@@ -72,10 +89,13 @@ test their programs thoroughly so that users can rely on them every single day.
 class Example:
     """One task: the user's question, the final answer, a one-line reasoning, and its grader key."""
 
-    kind: str  # "arithmetic" | "json" | "chat"
+    kind: str  # "arithmetic" | "open_arithmetic" | "json" | "openenv" | "chat"
     question: str
     answer: str
     reasoning: str
+    # The whole prompt when it is more than one user turn (OpenEnv: system prompt, observations and
+    # earlier actions); None: a single user turn holding `question`.
+    messages: tuple[dict, ...] | None = None
 
 
 def is_held_out(a: int, b: int) -> bool:
@@ -106,6 +126,27 @@ def arithmetic_example(a: int, b: int, phrasing: int = 0) -> Example:
     return Example("arithmetic", question, str(a + b), f"{a} + {b} = {a + b}")
 
 
+def open_arithmetic_example(a: int, b: int, phrasing: int = 0) -> Example:
+    """The headroom task's question; `answer` is the sum (what a last-integer scorer checks)."""
+    question = OPEN_ARITHMETIC_PHRASINGS[phrasing].format(a=a, b=b)
+    return Example("open_arithmetic", question, str(a + b), f"{a} + {b} = {a + b}")
+
+
+def open_arithmetic_reply(rng: random.Random, a: int, b: int) -> str:
+    roll, floor = rng.random(), 0.0
+    for share, template in OPEN_ARITHMETIC_STYLES:
+        floor += share
+        if roll < floor:
+            return template.format(a=a, b=b, s=a + b)
+    return OPEN_ARITHMETIC_STYLES[-1][1].format(a=a, b=b, s=a + b)
+
+
+def held_out_open_arithmetic(count: int, *, seed: int = 4321) -> list[Example]:
+    """Held-out operand pairs in the headroom task's phrasing ("What is A + B?")."""
+    rng = random.Random(seed)
+    return [open_arithmetic_example(*draw_arithmetic(rng, held_out=True)) for _ in range(count)]
+
+
 def held_out_arithmetic(count: int, *, seed: int = 1234) -> list[Example]:
     """A fixed sample of held-out questions in the guide's phrasing ("What is ...? Reply with just the number.")."""
     rng = random.Random(seed)
@@ -113,7 +154,8 @@ def held_out_arithmetic(count: int, *, seed: int = 1234) -> list[Example]:
 
 
 class TaskSampler:
-    """Deterministic stream of warm-up examples (arithmetic 82%, JSON 15%, chat 3%)."""
+    """Deterministic stream of warm-up examples (arithmetic 68%, open arithmetic 12%, JSON 8%,
+    OpenEnv actions 9%, chat 3%)."""
 
     def __init__(self, seed: int):
         self._rng = random.Random(seed)
@@ -121,14 +163,21 @@ class TaskSampler:
     def sample(self) -> Example:
         rng = self._rng
         roll = rng.random()
-        if roll < 0.82:
+        if roll < 0.68:
             a, b = draw_arithmetic(rng, held_out=False)
             return arithmetic_example(a, b, rng.randrange(len(ARITHMETIC_PHRASINGS)))
-        if roll < 0.97:
+        if roll < 0.80:
+            a, b = draw_arithmetic(rng, held_out=False)
+            example = open_arithmetic_example(a, b, rng.randrange(len(OPEN_ARITHMETIC_PHRASINGS)))
+            return Example("open_arithmetic", example.question, open_arithmetic_reply(rng, a, b), example.reasoning)
+        if roll < 0.88:
             key = rng.choice(JSON_KEYS)
             value = rng.randint(-9, 20)
             question = rng.choice(JSON_PHRASINGS).format(key=key, value=value)
             return Example("json", question, f'{{"{key}": {value}}}', f"{key} = {value}")
+        if roll < 0.97:
+            messages, action, reasoning = openenv_episode(rng)
+            return Example("openenv", messages[-1]["content"], action, reasoning, tuple(messages))
         question, answer = rng.choice(CHAT_PAIRS)
         return Example("chat", question, answer, "A short reply.")
 
@@ -143,7 +192,8 @@ def tokenizer_corpus() -> list[str]:
     for _ in range(3000):
         ex = sampler.sample()
         # Render roughly as the chat template would, so "\n\n" and the role words get merged.
-        texts.append(f"user\n{ex.question}\nassistant\n\n{ex.reasoning}\n\n{ex.answer}\n")
+        prompt = "\n".join(f"{m['role']}\n{m['content']}" for m in ex.messages) if ex.messages else f"user\n{ex.question}"
+        texts.append(f"{prompt}\nassistant\n\n{ex.reasoning}\n\n{ex.answer}\n")
     for a, b in [(1, 2), (10, 3), (99, 99)]:
         texts.append(arithmetic_example(a, b).question)
     return texts

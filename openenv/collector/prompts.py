@@ -1,6 +1,7 @@
 """What the model reads and what its turns become (reference-spec §4.4-4.5). Pure module: no network.
 
-- `system_prompt(environment)`: names the environment and its description, embeds the action JSON
+- `system_prompt(environment)` (defined in `core.contracts.openenv_prompt`, shared with the tiny
+  model's warm-up): names the environment and its description, embeds the action JSON
   Schema, demands exactly one JSON object (no Markdown, no fence) and explains `input_text`.
 - `observation_text(observation, kind)`: a non-empty string `observation.input_text` verbatim,
   otherwise the complete wire JSON after a one-line label ("OpenEnv reset result ..." or
@@ -17,26 +18,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.contracts.openenv_prompt import system_prompt
+
 THINK_CLOSE = "</think>"
 TURN_BREAK = "<TURN_BREAK>"
 
 
 def wire_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def system_prompt(environment: dict) -> str:
-    """`environment` is an OpenEnvInspection (`{identity, schema}`)."""
-    meta = environment["identity"]["metadata"]
-    schema = json.dumps(environment["schema"]["action"], sort_keys=True, ensure_ascii=False)
-    return (
-        f"You are acting in the OpenEnv environment {meta['name']!r}: {meta['description']}\n"
-        "Each turn you receive the environment's latest observation. Reply with exactly one JSON object, "
-        "the action, and nothing else: no Markdown, no code fence, no commentary.\n"
-        f"The action must match this JSON Schema:\n{schema}\n"
-        "When an observation carries a non-empty input_text, that text is shown to you verbatim as the "
-        "observation; otherwise you see the complete observation JSON."
-    )
 
 
 def observation_text(observation: dict, kind: str) -> str:

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE_SOURCES = ("gpu_runtime/tiny_model.py", "gpu_runtime/tiny_tasks.py", "gpu_runtime/chat_template.py",
-                  "gpu_runtime/identity.py")
+RECIPE_SOURCES = ("gpu_runtime/tiny_model.py", "gpu_runtime/tiny_tasks.py", "gpu_runtime/tiny_openenv_tasks.py",
+                  "core/contracts/openenv_prompt.py", "gpu_runtime/chat_template.py", "gpu_runtime/identity.py")
 
 
 def cache_root() -> Path:
