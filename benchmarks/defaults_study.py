@@ -79,6 +79,11 @@ def held_out_accuracy(sampler, examples, adapter=None) -> float:
     return sum(exact_match(rs[0].content, ex.answer) for ex, rs in zip(examples, groups, strict=True)) / len(examples)
 
 
+def sampled_accuracy(sampler, examples, n: int = 4, adapter=None) -> float:
+    """Held-out accuracy at the sampling temperature the rollouts use (0.9), n samples a prompt."""
+    return mean_reward(sampler, examples, n, seed=10_007, adapter=adapter)
+
+
 def mean_reward(sampler, examples, n: int, *, seed: int, adapter=None) -> float:
     groups = sample(sampler, examples, n, seed=seed, temperature=0.9, adapter=adapter)
     scores = [exact_match(r.content, ex.answer) for ex, rs in zip(examples, groups, strict=True) for r in rs]
@@ -197,7 +202,7 @@ def run(args) -> list[dict]:
             base_next = mean_reward(sampler, next_ex, args.next_samples, seed=seed + 7)
             rows.append({"seed": seed, "config": "base (no training)", "lr": None, "scale": None, "steps": 0,
                          "param_rel": None, "delta_rel": None, "delta_rel_max": None, "final_rel": 0.0,
-                         "held_out": base_acc, "next_reward": base_next, "wall": 0.0, "groups": len(groups)})
+                         "held_out": base_acc, "held_out_t09": sampled_accuracy(sampler, held_out), "next_reward": base_next, "wall": 0.0, "groups": len(groups)})
             for i, (label, overrides) in enumerate(CONFIGS.items()):
                 if args.only and not any(o in label for o in args.only):
                     continue
@@ -210,6 +215,7 @@ def run(args) -> list[dict]:
                     "param_rel": sum(meter.param_rel) / len(meter.param_rel),
                     "delta_rel": sum(meter.delta_rel) / len(meter.delta_rel), "delta_rel_max": max(meter.delta_rel),
                     "final_rel": meter.final_rel, "held_out": held_out_accuracy(sampler, held_out, name),
+                    "held_out_t09": sampled_accuracy(sampler, held_out, adapter=name),
                     "next_reward": mean_reward(sampler, next_ex, args.next_samples, seed=seed + 7, adapter=name),
                     "wall": wall, "groups": len(groups),
                 })
@@ -218,7 +224,8 @@ def run(args) -> list[dict]:
 
 
 HEADER = (f"{'seed':>4} {'config':<30} {'lr used':>9} {'a/r':>4} {'steps':>5} {'|dθ|/|θ|':>9} "
-          f"{'|dW|/|W0| step':>14} {'max':>8} {'round |ΔW|/|W0|':>15} {'held-out':>8} {'next rwd':>8} {'wall s':>6}")
+          f"{'|dW|/|W0| step':>14} {'max':>8} {'round |ΔW|/|W0|':>15} {'held-out':>8} {'@T0.9':>6} {'next rwd':>8} "
+          f"{'wall s':>6}")
 
 
 def _fmt(value, spec):
@@ -229,6 +236,7 @@ def print_row(row: dict, flush: bool = False) -> None:
     print(f"{row['seed']:>4} {row['config']:<30} {_fmt(row['lr'], '9.2e')} {_fmt(row['scale'], '4.1f')} "
           f"{row['steps']:>5} {_fmt(row['param_rel'], '9.2e')} {_fmt(row['delta_rel'], '14.2e')} "
           f"{_fmt(row['delta_rel_max'], '8.2e')} {_fmt(row['final_rel'], '15.3f')} {row['held_out']:8.3f} "
+          f"{row['held_out_t09']:6.3f} "
           f"{row['next_reward']:8.3f} {row['wall']:6.1f}", flush=flush)
 
 
@@ -257,7 +265,7 @@ def main(argv=None) -> int:
     for label in dict.fromkeys(r["config"] for r in rows):
         mine = [r for r in rows if r["config"] == label]
         mean = {k: (sum(r[k] for r in mine) / len(mine) if mine[0][k] is not None else None)
-                for k in ("param_rel", "delta_rel", "delta_rel_max", "final_rel", "held_out", "next_reward", "wall")}
+                for k in ("param_rel", "delta_rel", "delta_rel_max", "final_rel", "held_out", "held_out_t09", "next_reward", "wall")}
         print_row({**mine[0], **mean, "seed": len(mine)})
     return 0
 
