@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     parser.add_argument("--learning-rate", type=float, default=3e-5)
     parser.add_argument("--held-out", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--targets", type=float, nargs="+", default=[0.3, 0.4, 0.5])
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.3, 0.5, 0.6, 0.7, 0.75])
     parser.add_argument("--model", type=Path, help="a model directory (default: the shipped tiny model)")
     parser.add_argument("--trl-python", type=Path,
                         default=Path(os.environ.get("KILN_TRL_VENV", "/tmp/kiln-trl-venv")) / "bin" / "python")

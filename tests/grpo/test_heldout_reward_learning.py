@@ -2,7 +2,7 @@
 rewards lowers held-out accuracy below the base model, and training on the real rewards does not.
 
 On the shipped demo model (what `kiln model create-tiny` installs: the same bytes on every
-machine; about 0.58 exact-match accuracy on these held-out sums at temperature 0.9, thinking
+machine; about 0.75 exact-match accuracy on these held-out sums at temperature 0.9, thinking
 off): sample groups of the model's own answers to TRAIN arithmetic prompts, score them by exact
 match (1/0), keep the groups with contrast, train one LoRA adapter on the real rewards and one on
 the inverted rewards with train_grpo, and sample the HELD-OUT prompts (operand pairs never seen in
@@ -16,19 +16,21 @@ its number of correct answers out of 8; ties drop out):
 - the real rewards do not lower it: one-sided p(grpo < before) >= ALPHA_HARM (0.01).
 A zero or reward-blind update fails the first; a sign-flipped one fails both.
 
-Measured with exactly this test at SEED 1-18 (torch 2.13 CPU, one thread; `docs/tiny-model.md`):
-p(before > inverted) at most 4.4e-4 (seed 10), typically 1e-8 to 1e-14; p(grpo < before) at least
-0.044 (seed 11). Every seed passed both assertions with room (the inverted test by 20x at its worst).
-A new SEED changes every sample and group, a far larger perturbation than another CPU's floating
-point on the same shipped bytes and seeds, so the per-machine false-failure rate of SEED 1 (p =
-1.8e-11 and 0.22 here) is well below the 1/18 these runs can resolve.
+Measured with exactly this test on the current release (open sums and OpenEnv actions in its
+warm-up), SEED 1-5: p(before > inverted) 2.3e-3, 9.7e-6, 9.7e-4, 9.8e-9, 7.8e-6; p(grpo > before)
+0.13, 0.21, 0.21, 0.0023, 0.14 (the real rewards never lowered accuracy). SEED 2 is the middle of
+those, 1000x inside ALPHA_INVERTED; a new SEED changes every sample and group, a far larger
+perturbation than another CPU's floating point on the same shipped bytes and seeds. (On the
+previous release, SEED 1-18 gave p(before > inverted) at most 4.4e-4 and p(grpo < before) at
+least 0.044.)
 
-Not asserted: that the real rewards *raise* accuracy. At this budget (AdamW lr 3e-5, one pass over
-~220-240 groups) the gain is +0.014 on average over the 18 seeds (from -0.015 to +0.035), and
-significant at 0.05 on only 9 of them, while a larger step collapses both runs (lr 1e-4: 0.15-0.54
-after the real rewards; lr 2e-4: near 0), so a gain assertion would fail on some machines for no
-fault of the trainer. `p(grpo > before)` and `p(grpo > inverted)` are printed for the record.
-(Issue 17 gives the demo task the headroom for a gain to show.)
+Not asserted: that the real rewards *raise* accuracy on these sums (the base is near its ceiling
+here; the open sums are the demo's task with headroom, tests/integration/test_learning_loop_e2e.py).
+On the previous release, at this budget (AdamW lr 3e-5, one pass over ~220-240 groups) the gain
+was +0.014 on average over 18 seeds (from -0.015 to +0.035), significant at 0.05 on only 9, while
+a larger step collapses both runs (lr 1e-4: 0.15-0.54 after the real rewards; lr 2e-4: near 0),
+so a gain assertion would fail on some machines for no fault of the trainer. `p(grpo > before)`
+and `p(grpo > inverted)` are printed for the record.
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ import pytest
 
 from gpu_runtime.tiny_tasks import arithmetic_example, draw_arithmetic, held_out_arithmetic
 
-SEED = 1
+SEED = 2
 HELD_OUT_PROMPTS, HELD_OUT_SAMPLES = 256, 8
 TRAIN_PROMPTS, GROUP_SIZE = 256, 16
 TEMPERATURE = 0.9
 LEARNING_RATE = 3e-5
-ALPHA_INVERTED = 0.01  # worst over seeds 1-18: 4.4e-4
-ALPHA_HARM = 0.01  # worst over seeds 1-18: 0.044
+ALPHA_INVERTED = 0.01  # worst over seeds 1-5 of this release: 2.3e-3 (SEED 2: 9.7e-6)
+ALPHA_HARM = 0.01  # p(grpo < before) was never small: the real rewards never lowered accuracy
 NUMBER = re.compile(r"-?\d+")
 
 

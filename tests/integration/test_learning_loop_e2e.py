@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from gpu_runtime.tiny_tasks import draw_arithmetic, held_out_open_arithmetic, open_arithmetic_example
+from tests.integration.test_post_eval_gate_e2e import gated_stack
 from tests.support.stack import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.learning]
@@ -69,15 +70,8 @@ def _suite() -> dict:
 
 @pytest.fixture
 def demo(stack_factory, tiny_model_dir, tmp_path):
-    stack = stack_factory(KILN_MODEL_PATH=tiny_model_dir, KILN_TRAINING_DEFAULTS=json.dumps(DEMO_DEFAULTS))
-    stack.start_web()
-    token = stack.create_user("alice")
-    stack.start_worker("gpu-worker", "gpu,infer", threads=4)
-    stack.start_worker("control-worker", "control", threads=4)
-    wait_until(lambda: stack.health()["training_backend"]["ready"], 120, what="the model to load")
-    api = stack.client(token)
-    api.timeout = 120
-    assert api.post("/v1/eval/suites", json=_suite()).status_code == 200
+    stack, api, token = gated_stack(stack_factory, tiny_model_dir, _suite(), "alice",
+                                    KILN_TRAINING_DEFAULTS=json.dumps(DEMO_DEFAULTS))
     work = tmp_path / "grpo-math"
     work.mkdir()
     template = json.loads((EXAMPLE / "request.json").read_text())

@@ -58,18 +58,23 @@ POST_EVAL = {"suite": "sums-holdout", "min_accuracy": FLOOR,
              "generation": {"temperature": 0, "max_tokens": 8, "seed": "5"}}
 
 
-@pytest.fixture
-def loop(stack_factory, tiny_model_dir):
-    stack = stack_factory(KILN_MODEL_PATH=tiny_model_dir)
+def gated_stack(stack_factory, model_dir, suite: dict, user: str, **env):
+    """Web, a GPU and a control worker on `model_dir`, one user, and `suite` registered: (stack, api, token)."""
+    stack = stack_factory(KILN_MODEL_PATH=model_dir, **env)
     stack.start_web()
-    token = stack.create_user("operator")
+    token = stack.create_user(user)
     stack.start_worker("gpu-worker", "gpu,infer", threads=4)
     stack.start_worker("control-worker", "control", threads=4)
     wait_until(lambda: stack.health()["training_backend"]["ready"], 120, what="the model to load")
     api = stack.client(token)
     api.timeout = 120
-    assert api.post("/v1/eval/suites", json=_suite()).status_code == 200
+    assert api.post("/v1/eval/suites", json=suite).status_code == 200
     return stack, api, token
+
+
+@pytest.fixture
+def loop(stack_factory, tiny_model_dir):
+    return gated_stack(stack_factory, tiny_model_dir, _suite(), "operator")
 
 
 def _train(api, body) -> str:
