@@ -4,14 +4,17 @@ The task is the demo's headroom task (`gpu_runtime.tiny_tasks`, "open arithmetic
 with no format asked for; the shipped tiny model usually announces the sum instead of giving it).
 The reward is the guide's scorer (examples/grpo-math/score_math.py): 1.0 when the last integer in
 the reply is the sum. Both sides train the same shipped model, on the same TRAIN prompts, with the
-same reward, LoRA shape (rank 16, alpha 32 on q, k, v, o, gate, up, down), number of completions
-per prompt, sampling temperature (0.9), completion bound and learning rate (the demo's
+same reward, LoRA shape (rank 16, alpha 32 on q, k, v, o: the trainer's defaults), number of
+completions per prompt, sampling temperature (0.9), completion bound and learning rate (the demo's
 [training.defaults]: AdamW 3e-5 unless --learning-rate says otherwise):
 
 - Kiln: the guide's recorded-policy loop in one process: each round samples the current policy
   (gpu_runtime.sampler, the adapter of the previous round loaded) on `--prompts` fresh TRAIN
-  prompts x `--group` completions, scores them, and trains the next adapter from the previous one
-  with `train_grpo` (one optimizer step per group with reward contrast, the trainer's default).
+  prompts x `--group` completions, scores them, records each completion's provenance (its exact
+  tokens and behavior log-probs, as `kiln rollout-generate` does) and trains the next adapter from
+  the previous one with `train_grpo`, `behavior_policy: recorded` (one optimizer step per group
+  with reward contrast, the trainer's default). `--behavior-policy no_importance_correction` trains
+  on the re-tokenized text instead (an end token appended even to a truncated completion).
 - TRL: `GRPOTrainer` in its own virtual environment (benchmarks/trl_env.sh, a fresh process,
   benchmarks/trl_learning_worker.py), `--prompts-per-step` prompts x `--group` completions a step.
 
@@ -45,7 +48,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 NUMBER = re.compile(r"-?\d+")
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The trainer's default LoRA targets (gpu_runtime.grpo.train_types.DEFAULT_TARGET_MODULES): what the
+# guide's request bodies train; TRL gets the same.
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 TEMPERATURE, MAX_TOKENS = 0.9, 16
 CHECKPOINTS_S = (60, 120, 300)
 
@@ -69,6 +74,7 @@ def kiln_curve(model_dir: Path, seed: int, args) -> list[dict]:
     import torch
 
     from core.contracts.grpo_config import GrpoConfig
+    from core.contracts.provenance import build_rollout_provenance
     from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
     from gpu_runtime.model_loading import load_model
     from gpu_runtime.sample_types import SampleRequest
@@ -104,10 +110,17 @@ def kiln_curve(model_dir: Path, seed: int, args) -> list[dict]:
             groups = []
             for ex, outs in zip(batch, generate(batch, args.group, TEMPERATURE, previous, seed * 100 + round_no),
                                 strict=True):
-                completions = [{"text": o.content, "reward": last_integer_reward(o.content, ex.answer)} for o in outs]
-                groups.append({"messages": [{"role": "user", "content": ex.question}], "completions": completions})
+                messages = [{"role": "user", "content": ex.question}]
+                completions = []
+                for o in outs:
+                    completion = {"text": o.text, "reward": last_integer_reward(o.content, ex.answer)}
+                    if args.behavior_policy == "recorded":  # the exact sampled tokens, as rollout-generate records them
+                        completion["provenance"] = build_rollout_provenance(o, prompt_messages=messages, text=o.text)
+                    completions.append(completion)
+                groups.append({"messages": messages, "completions": completions})
             config = GrpoConfig.from_dict({"optimizer": {"kind": "adam_w"}, "learning_rate": args.learning_rate,
                                            "seed": seed, "lora_rank": 16, "lora_alpha": 32,
+                                           "behavior_policy": args.behavior_policy,
                                            "reward_filter_on_empty": "skip"})
             name = f"round-{round_no}"
             result = train_grpo(TrainRequest(
@@ -185,6 +198,9 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts-per-step", type=int, default=4, help="TRL: prompts per optimizer step")
     parser.add_argument("--trl-eval-every", type=int, default=24, help="TRL: steps between held-out measurements")
     parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--behavior-policy", default="recorded", choices=["recorded", "no_importance_correction"],
+                        help="Kiln: recorded trains on the exact sampled tokens with their log-probs (the guide's "
+                             "loop); no_importance_correction re-tokenizes the text and appends an end token")
     parser.add_argument("--learning-rate", type=float, default=3e-5)
     parser.add_argument("--held-out", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
