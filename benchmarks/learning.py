@@ -14,7 +14,7 @@ completions per prompt, sampling temperature (0.9), completion bound and learnin
   tokens and behavior log-probs, as `kiln rollout-generate` does) and trains the next adapter from
   the previous one with `train_grpo`, `behavior_policy: recorded` (one optimizer step per group
   with reward contrast, the trainer's default). `--behavior-policy no_importance_correction` trains
-  on the re-tokenized text instead (an end token appended even to a truncated completion).
+  on the re-tokenized text instead (with its `finish_reason`, so a truncated one gets no end token).
 - TRL: `GRPOTrainer` in its own virtual environment (benchmarks/trl_env.sh, a fresh process,
   benchmarks/trl_learning_worker.py), `--prompts-per-step` prompts x `--group` completions a step.
 
@@ -113,7 +113,8 @@ def kiln_curve(model_dir: Path, seed: int, args) -> list[dict]:
                 messages = [{"role": "user", "content": ex.question}]
                 completions = []
                 for o in outs:
-                    completion = {"text": o.text, "reward": last_integer_reward(o.content, ex.answer)}
+                    completion = {"text": o.text, "reward": last_integer_reward(o.content, ex.answer),
+                                  "finish_reason": o.finish_reason}
                     if args.behavior_policy == "recorded":  # the exact sampled tokens, as rollout-generate records them
                         completion["provenance"] = build_rollout_provenance(o, prompt_messages=messages, text=o.text)
                     completions.append(completion)
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--behavior-policy", default="recorded", choices=["recorded", "no_importance_correction"],
                         help="Kiln: recorded trains on the exact sampled tokens with their log-probs (the guide's "
-                             "loop); no_importance_correction re-tokenizes the text and appends an end token")
+                             "loop); no_importance_correction re-tokenizes the text (end token unless truncated)")
     parser.add_argument("--learning-rate", type=float, default=3e-5)
     parser.add_argument("--held-out", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)

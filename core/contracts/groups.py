@@ -21,6 +21,7 @@ MAX_CORPUS_BYTES = 512 * 1024 * 1024
 MAX_EXACT_INT = 2**53  # beyond this a JSON integer has no exact float (10**400 has none at all)
 SEGMENT_KINDS = ("context", "action", "observation")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+FINISH_REASONS = ("stop", "length")  # as in chat.completion choices
 
 
 GROUP_INDEX = re.compile(r"^groups\[(\d+)\]")
@@ -106,6 +107,10 @@ def _completion(value, where: str) -> dict:
         if not isinstance(value["trajectory"], list):
             raise GroupError(f"{where}.trajectory", "must be a list of segments")
         completion["trajectory"] = [_segment(s, f"{where}.trajectory[{i}]") for i, s in enumerate(value["trajectory"])]
+    if "finish_reason" in value:  # "length": the sampler stopped it at max_tokens, so no end token is trained
+        if value["finish_reason"] not in FINISH_REASONS:
+            raise GroupError(f"{where}.finish_reason", f"must be one of {', '.join(FINISH_REASONS)}")
+        completion["finish_reason"] = value["finish_reason"]
     for optional in ("provenance", "openenv"):
         if optional in value:
             if not isinstance(value[optional], dict):

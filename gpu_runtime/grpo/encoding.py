@@ -120,7 +120,11 @@ def encode_groups(
                     }
                 prompt = prompt_ids_cache["ids"]
                 text_ids = list(tokenizer.encode(item["text"], add_special_tokens=False))
-                ids = prompt + text_ids + ([] if text_ids[-1:] == [eos] else [eos])
+                # A finished completion is trained with its end token; one cut off at max_tokens
+                # (finish_reason "length") never produced one, and training one would teach every
+                # truncated answer to stop there (or, with a negative advantage, never to stop).
+                ended = item.get("finish_reason") != "length"
+                ids = prompt + text_ids + ([eos] if ended and text_ids[-1:] != [eos] else [])
                 encoded = EncodedCompletion(
                     input_ids=ids,
                     action_positions=list(range(len(prompt), len(ids))),
