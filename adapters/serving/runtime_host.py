@@ -56,8 +56,10 @@ class ModelHost:
                                      "kernels": self.sampler.kernels.to_record()})  # triton or torch, and why
             log.info("model %s loaded on %s", self.loaded.served_model_id, self.loaded.device)
         finally:
-            self._ready.set()
+            # The heartbeat first: GPU work waits on _ready, so once a job can run, /health already
+            # says whether the model loaded (the other order let a job start while it said loading).
             _safe_beat()
+            self._ready.set()
         if self.sampler is not None:
             self._run_sampler()
 
