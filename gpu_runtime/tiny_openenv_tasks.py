@@ -23,7 +23,7 @@ HELPFUL_FRACTION = 0.35
 RESET_LABEL = "OpenEnv reset result (observation, reward, done, and optional metadata JSON):\n"
 STEP_LABEL = "OpenEnv step result (observation, reward, done, and optional metadata JSON):\n"
 
-# (names, description, action class title, key choices, field description, thing)
+# (environment names, descriptions, action field names, field descriptions[, what the counter is called])
 REACH_FAMILY = (
     ("counter", "number_line", "kiln_counter", "stepper", "dial", "tally"),
     ("Reach a target with bounded moves.", "Move a counter to the target value.",
