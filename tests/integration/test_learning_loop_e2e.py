@@ -31,13 +31,13 @@ The issue's goal (+15 points) is measured by benchmarks/learning.py, not asserte
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 from pathlib import Path
 
 import pytest
 
+from evaluations.statistics import sign_test
 from gpu_runtime.tiny_tasks import draw_arithmetic, held_out_open_arithmetic, open_arithmetic_example
 from tests.integration.test_post_eval_gate_e2e import gated_stack
 from tests.support.stack import wait_until
@@ -115,11 +115,6 @@ def _outcomes(api, evidence: dict, label: str) -> dict[str, bool]:
     return {r["example_id"]: r["outcome"] == "pass" for r in job["examples"] if r["target"] == label}
 
 
-def _one_sided_sign_p(wins: int, losses: int) -> float:
-    n = wins + losses
-    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n if n else 1.0
-
-
 @pytest.mark.timeout(1800)
 def test_two_rounds_with_the_demo_defaults_are_each_promoted_and_raise_held_out_accuracy(demo):
     stack, api, token, work = demo
@@ -153,7 +148,7 @@ def test_two_rounds_with_the_demo_defaults_are_each_promoted_and_raise_held_out_
     wins = sum(final[k] and not base[k] for k in base)
     losses = sum(base[k] and not final[k] for k in base)
     gain = (sum(final.values()) - sum(base.values())) / SUITE_SIZE
-    p_value = _one_sided_sign_p(wins, losses)
+    p_value = sign_test(wins, losses, alternative="greater")
     print(f"base {sum(base.values())}/{SUITE_SIZE} -> round two {sum(final.values())}/{SUITE_SIZE}: "
           f"gain {gain:.3f}, {wins} better / {losses} worse, one-sided p {p_value:.2e}")
     assert gain >= 0.05 and p_value < 1e-4
