@@ -154,8 +154,11 @@ class DecodeSequence:
                 self.in_thinking = False
             elif token not in self._eos_ids:
                 self.reasoning_tokens += 1
-        elif token == tt.open_id and not self.template_opened_thinking and not self.model_opened_thinking:
-            # A template that leaves `<think>` to the model (original Qwen3): reasoning starts now.
+        elif (token == tt.open_id and len(self.completion) == 1 and self.request.enable_thinking
+              and not self.template_opened_thinking):
+            # A template that leaves `<think>` to the model (original Qwen3): reasoning starts now. Only
+            # as the answer's first token and with thinking asked for: a `<think>` later on (a damaged
+            # adapter writes one mid-answer) is content, so reasoning + content still cover the text.
             self.model_opened_thinking = self.in_thinking = True
             self._thinking_since = time.perf_counter()
         self._check_finished(token)
