@@ -15,7 +15,10 @@ Thin clients of /v1/openenv/runs (the server collects; these commands only talk 
 - `train --environment URL --output-adapter NAME [...]`: collect and train in one command: builds
   a kind-train request from the guide's flags (a fresh idempotency key unless given), posts it and
   follows it like `start --follow`, with the trainer's state, progress and loss once training runs,
-  then the selection warnings and the published adapter.
+  then the environment evaluation's side and groups, then the selection warnings, the published
+  adapter and the gate's verdict; `--eval-groups/--eval-group-size/--eval-seed-start` add a
+  held-out environment evaluation and `--gate` (or a `--gate-min-*` threshold) lets its paired
+  sign test own promotion.
 All take `--json`. Errors print one line with the server's stable code and exit non-zero.
 """
 
@@ -58,6 +61,18 @@ def _train_parser(sub, common) -> None:
     p.add_argument("--lora-rank", type=positive_int, default=None, help="LoRA rank (default: the trainer's)")
     p.add_argument("--training-config", type=Path, metavar="FILE", help="GRPO overrides (a GrpoConfig JSON object)")
     p.add_argument("--post-eval-suite", metavar="SUITE", help="prove it after training: an installed eval suite")
+    evaluation = p.add_argument_group("environment evaluation (held-out seeds, after training)")
+    evaluation.add_argument("--eval-groups", type=positive_int, default=None, metavar="N",
+                            help="evaluate baseline and candidate on N seed groups (default 20 when any eval flag)")
+    evaluation.add_argument("--eval-group-size", type=positive_int, default=None, metavar="N", help="default 1")
+    evaluation.add_argument("--eval-seed-start", type=int, default=None, metavar="N",
+                            help="default: right after the training seeds (they must not overlap)")
+    evaluation.add_argument("--gate", action="store_true",
+                            help="let the paired sign test own promotion (needs at least 20 groups)")
+    evaluation.add_argument("--gate-min-mean-improvement", type=float, default=None, metavar="X",
+                            help="the gate's least mean return improvement (implies --gate; default 0)")
+    evaluation.add_argument("--gate-min-mean-return", type=float, default=None, metavar="X",
+                            help="the gate's least candidate mean return (implies --gate)")
     p.add_argument("--auto-load", type=parse_bool, default=True, metavar="BOOL", help="default true")
     p.add_argument("--idempotency-key", help="a non-secret retry key (default: a fresh one per invocation)")
     p.add_argument("--no-follow", action="store_true", help="submit and print the run, without waiting")
@@ -105,7 +120,28 @@ def train_request(args) -> dict:
         body["training_config"] = config
     if args.post_eval_suite:
         body["post_eval"] = {"suite": args.post_eval_suite}
+    evaluation = _environment_eval(args)
+    if evaluation is not None:
+        body["environment_eval"] = evaluation
     return body
+
+
+def _environment_eval(args) -> dict | None:
+    """The request's `environment_eval` from the eval flags (None when none is given)."""
+    gate = {}
+    if args.gate_min_mean_improvement is not None:
+        gate["min_mean_improvement"] = args.gate_min_mean_improvement
+    if args.gate_min_mean_return is not None:
+        gate["min_mean_return"] = args.gate_min_mean_return
+    given = (args.eval_groups, args.eval_group_size, args.eval_seed_start)
+    if not args.gate and not gate and all(value is None for value in given):
+        return None
+    evaluation = {"groups": args.eval_groups or 20, "group_size": args.eval_group_size or 1}
+    if args.eval_seed_start is not None:
+        evaluation["seed_start"] = args.eval_seed_start
+    if args.gate or gate:
+        evaluation["gate"] = gate
+    return evaluation
 
 
 def _train(client: KilnClient, args) -> int:
@@ -132,6 +168,9 @@ def _train(client: KilnClient, args) -> int:
                   f"artifact {final['run_id']} train_receipt --output train_receipt.json)")
         elif final["state"] == "completed" and final.get("error"):
             print(f"reason    {final['error']}")
+        verdict = (final.get("environment_evaluation") or {}).get("verdict")
+        if verdict:
+            print(f"env eval  {verdict}")
     return code
 
 
@@ -209,6 +248,23 @@ def _trainer_text(status: dict) -> str:
     return text
 
 
+def _evaluation_text(status: dict) -> str:
+    """The environment evaluation's side and groups done, then its decision with the exact p and counts."""
+    block = status.get("environment_evaluation")
+    if not block:
+        return ""
+    evidence = block.get("evidence")
+    if evidence:
+        return (f" · env eval {evidence['decision']}: return {evidence['baseline_mean_return']:.4g} -> "
+                f"{evidence['candidate_mean_return']:.4g}, improved {evidence['improved_groups']} regressed "
+                f"{evidence['regressed_groups']} tied {evidence['tied_groups']}, p "
+                f"{evidence['exact_sign_test_p_value']:.4g}"
+                + (f" · {block['outcome']}" if block.get("outcome") else ""))
+    p = block.get("progress") or {}
+    side = f" {p['side']}" if p.get("side") else ""
+    return (f" · env eval {block['state']}{side} {p.get('groups_completed', 0)}/{p.get('groups_total', 0)} groups")
+
+
 def progress_line(status: dict) -> str:
     p = status.get("progress") or {}
     where = status["state"] + (f" ({status['stage']})" if status.get("stage") else "")
@@ -216,7 +272,7 @@ def progress_line(status: dict) -> str:
     queued = f" · position {position}" if position else ""
     return (f"{where}{queued} · groups {p.get('groups_completed', 0)}/{p.get('groups_total', 0)} · rollouts "
             f"{p.get('rollouts_completed', 0)}/{p.get('rollouts_total', 0)}{_return_text(status)}"
-            f"{_trainer_text(status)}")
+            f"{_trainer_text(status)}{_evaluation_text(status)}")
 
 
 def _follow(client: KilnClient, status: dict, args) -> int:

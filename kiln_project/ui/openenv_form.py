@@ -114,7 +114,10 @@ def _training_config(values: dict) -> dict | None:
         config = _json_object(values["training_config_json"], "training_config")
         if not isinstance(config, dict):
             raise _invalid("training_config", "must be a JSON object such as {\"is_level\": \"sequence\"}")
-    config.update(_numbers(values, TRAINING_FIELDS, "tc_"))  # the fields win over the same keys in the JSON
+    fields = _numbers(values, TRAINING_FIELDS, "tc_")
+    config.update(fields)  # the fields win over the same keys in the JSON
+    if "lora_rank" in fields and isinstance(fields["lora_rank"], int):
+        config.setdefault("lora_alpha", 2 * fields["lora_rank"])  # as the CLI's --lora-rank: alpha/rank stays 2
     return config or None
 
 

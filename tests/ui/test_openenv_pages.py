@@ -385,3 +385,16 @@ def test_inspect_shows_the_schema_hashes_and_the_task_catalog_of_a_real_server(o
     for key in ("schema_sha256", "action_schema_sha256", "discovery_sha256"):
         assert expected[key] in html
     assert "kiln_counter" in html and '"delta"' in html and "Task catalog" in html
+
+
+def test_a_lora_rank_without_alpha_keeps_the_clis_alpha_over_rank_of_two():
+    """As `kiln openenv train --lora-rank 8`: a rank alone must not inherit the default alpha 32 (scale
+    4 is refused as unsafe_lora_scale); an alpha the training-config JSON gives is kept."""
+    from kiln_project.ui.openenv_form import form_values, request_body
+
+    def config(**fields):
+        data = _form(kind="train", output_adapter="counter-agent", **fields)
+        return request_body(form_values(QueryDict(urlencode(data, doseq=True))))["training_config"]
+
+    assert config(tc_lora_rank="8") == {"lora_rank": 8, "lora_alpha": 16}
+    assert config(tc_lora_rank="8", training_config_json='{"lora_alpha": 8}') == {"lora_alpha": 8, "lora_rank": 8}

@@ -50,8 +50,15 @@ class CountEnvironment(Environment):
                                 input_text=text, reward=reward, done=done)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, target: int | None = None,
-              **kwargs: Any) -> CountObservation:
-        goal = target if target is not None else ((seed or 0) % 7) - 3
+              targets: list[int] | None = None, **kwargs: Any) -> CountObservation:
+        # The goal: `target` when given, else drawn by seed from `targets` (a reset option that shapes
+        # the task, e.g. [1, 2, 3]), else one of -3..3.
+        if target is not None:
+            goal = target
+        elif targets:
+            goal = int(targets[(seed or 0) % len(targets)])
+        else:
+            goal = ((seed or 0) % 7) - 3
         self._state = CountState(episode_id=episode_id or f"seed-{seed}", step_count=0, value=0, target=goal)
         self._started, self._over = True, False
         return self._observation(f"The counter is 0. Reach {goal} with moves of at most {MAX_DELTA}.", None, False)

@@ -60,3 +60,40 @@ def test_openenv_train_collects_trains_and_follows(cli, home, counter, served, p
     assert [a["kind"] for a in status["artifacts"]][-2:] == ["train_receipt", "adapter_manifest"]
     assert cli.run("train", "--environment", counter.url, "--output-adapter", "counter-agent", "--json") == 1
     assert "adapter_revision_conflict" in capsys.readouterr().err
+
+
+def _request(*flags: str) -> dict:
+    from kiln_project.cli.main import build_parser
+    from kiln_project.cli.openenv_runs_cmd import train_request
+
+    args = build_parser().parse_args(["openenv", "train", "--environment", "http://127.0.0.1:8990",
+                                      "--output-adapter", "counter-agent", *flags])
+    return train_request(args)
+
+
+def test_the_environment_evaluation_flags_build_the_requests_block():
+    assert "environment_eval" not in _request()
+    assert _request("--eval-groups", "30")["environment_eval"] == {"groups": 30, "group_size": 1}
+    gated = _request("--eval-groups", "40", "--eval-group-size", "4", "--eval-seed-start", "1000",
+                     "--gate-min-mean-improvement", "0.1", "--gate-min-mean-return", "-0.5")
+    assert gated["environment_eval"] == {"groups": 40, "group_size": 4, "seed_start": 1000,
+                                         "gate": {"min_mean_improvement": 0.1, "min_mean_return": -0.5}}
+    # --gate alone: the guide's 20 groups of one, the gate's default thresholds.
+    assert _request("--gate")["environment_eval"] == {"groups": 20, "group_size": 1, "gate": {}}
+
+
+def test_follow_shows_the_evaluations_side_then_its_decision_with_p_and_counts():
+    from kiln_project.cli.openenv_runs_cmd import progress_line
+
+    status = {"state": "environment_evaluating", "stage": "environment_evaluation",
+              "progress": {"groups_completed": 2, "groups_total": 2, "rollouts_completed": 4, "rollouts_total": 4},
+              "environment_evaluation": {"state": "collecting_candidate",
+                                         "progress": {"side": "candidate", "groups_completed": 7, "groups_total": 20}}}
+    assert progress_line(status).endswith(" · env eval collecting_candidate candidate 7/20 groups")
+    status["environment_evaluation"] = {
+        "state": "completed", "outcome": "promoted",
+        "evidence": {"decision": "passed", "baseline_mean_return": 0.1875, "candidate_mean_return": 1.175,
+                     "improved_groups": 29, "regressed_groups": 2, "tied_groups": 9,
+                     "exact_sign_test_p_value": 4.62867e-07}}
+    assert progress_line(status).endswith(" · env eval passed: return 0.1875 -> 1.175, improved 29 regressed 2 "
+                                          "tied 9, p 4.629e-07 · promoted")

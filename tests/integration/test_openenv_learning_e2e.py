@@ -1,0 +1,116 @@
+"""The OpenEnv guide's loop makes the served demo model better at a real environment (issue 15).
+
+Through the real processes: web, a GPU worker serving the tiny model (which also trains) and a
+control worker (which collects), against the counter environment of
+tests/openenv/interop_env/kiln_interop_env.py served by PyPI `openenv==0.10.0` from its own venv.
+
+1. `kiln openenv train` collects 64 seed groups x 8 one-move episodes with the base model, trains
+   a LoRA with native GRPO on them, then evaluates base against the new adapter on 40 HELD-OUT
+   seed groups (the seeds after training's) with the paired sign-test gate: `passed`, and with
+   `auto_load` the adapter is promoted and serves.
+2. The same run with a policy made worse (a learning rate 300x larger: the adapter forgets how to
+   write an action) ends `rejected` at the same gate and is never served; the good adapter keeps
+   serving.
+
+How the environment is shaped so the tiny model learns it in CPU minutes (docs/tiny-model.md,
+"Learning an OpenEnv environment"): one move per episode (`--max-steps 1`), so the return is the
+step reward |target| - |target - delta|; the reset option `{"targets": [1, 2, 3]}` draws the
+target by seed from 1..3 (the environment's own default, -3..3, needs the policy to copy the
+number from the text, which one round on the tiny model barely starts: +0.12, p = 0.027). The
+target is in the observation's text; the warm-up taught the demo model the shape of an action,
+never this environment. Thinking is off (the tiny model's reasoning is noise).
+
+Measured on this machine (the whole test ~105 s): the base model's held-out mean return 0.19;
+after one round (AdamW 1e-4, LoRA r8) 1.18 (29 groups better, 2 worse, 9 tied: p = 4.6e-7); with
+training seed 5: 1.18 (29/3, p = 2.6e-6); at lr 5e-5: 0.89 (23/1). The worse run (lr 3e-2) writes
+no valid action any more: -1 on every episode (the protocol-error reward), 6 better / 32 worse,
+p = 2.4e-5, `rejected`. (It also found a server bug: a `<think>` the damaged adapter wrote
+mid-answer was taken as the start of reasoning and the text before it dropped, so the answer no
+longer matched its provenance digest; tests/gpu_runtime/test_model_opened_thinking.py.)
+
+Asserted: the good run's gate `passed` (its exact p recomputed here from the counts) and the
+held-out mean return up by at least 0.3 (a third of the smallest gain measured: a failure means
+the loop stopped learning, not bad luck, since the runs are seeded and the measured p values are
+below 1e-5); the worse run's `rejected`, its adapter not loaded, the good adapter still serving.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evaluations.statistics import sign_test
+from tests.integration.test_post_eval_gate_e2e import gated_stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.learning]
+
+GROUPS, GROUP_SIZE = 64, 8
+EVAL_GROUPS, EVAL_GROUP_SIZE = 40, 4
+RESET = {"targets": [1, 2, 3]}  # the reset option that shapes the task (see the module docstring)
+GOOD = {"optimizer": {"kind": "adam_w"}, "learning_rate": 1e-4, "seed": 3}
+WORSE = {"optimizer": {"kind": "adam_w"}, "learning_rate": 3e-2, "seed": 3}
+
+
+@pytest.fixture
+def counter_stack(stack_factory, tiny_model_dir, tmp_path):
+    from tests.openenv.real_server import RealServer, openenv_python
+
+    server = RealServer(openenv_python(), tmp_path / "env", max_sessions=16).start()
+    try:
+        stack, api, token = gated_stack(stack_factory, tiny_model_dir, None, "alice")
+        yield stack, api, token, server
+    finally:
+        server.stop()
+
+
+def _train(stack, token, server, work: Path, *, name: str, config: dict) -> tuple[int, str]:
+    """The guide's `kiln openenv train`, with a held-out environment evaluation and its gate."""
+    config_file = work / f"{name}.config.json"
+    config_file.write_text(json.dumps(config))
+    reset_file = work / "reset.json"
+    reset_file.write_text(json.dumps(RESET))
+    done = stack.kiln(
+        "openenv", "train", "--environment", server.url, "--output-adapter", name, "--groups", str(GROUPS),
+        "--group-size", str(GROUP_SIZE), "--seed-start", "0", "--max-steps", "1", "--max-action-tokens", "32",
+        "--concurrency", "16", "--thinking", "false", "--lora-rank", "8", "--training-config", str(config_file),
+        "--reset-options", str(reset_file), "--eval-groups", str(EVAL_GROUPS),
+        "--eval-group-size", str(EVAL_GROUP_SIZE), "--gate-min-mean-improvement", "0.1", "--url", stack.url,
+        env={"KILN_API_TOKEN": token}, timeout=1200, check=False)
+    return done.returncode, done.stdout + done.stderr
+
+
+def _run_status(api, output: str) -> dict:
+    run_id = output.split()[1]  # "run <id> <state> (sequence N)"
+    return api.get(f"/v1/openenv/runs/{run_id}").json()
+
+
+@pytest.mark.timeout(2400)
+def test_kiln_openenv_train_raises_held_out_return_and_the_gate_holds_back_a_worse_policy(counter_stack, tmp_path):
+    stack, api, token, server = counter_stack
+    code, output = _train(stack, token, server, tmp_path, name="counter-agent", config=GOOD)
+    print(output)
+    assert code == 0, output
+    status = _run_status(api, output)
+    evaluation = status["environment_evaluation"]
+    evidence = evaluation["evidence"]
+    print(json.dumps(evidence, indent=1))
+    assert status["state"] == "completed" and evaluation["state"] == "completed"
+    assert evidence["paired_groups"] == EVAL_GROUPS and evaluation["seed_start"] == GROUPS  # held-out seeds
+    assert evidence["exact_sign_test_p_value"] == pytest.approx(
+        sign_test(evidence["improved_groups"], evidence["regressed_groups"]), rel=1e-9)
+    assert evidence["decision"] == "passed" and evaluation["outcome"] == "promoted", evaluation["verdict"]
+    assert evidence["mean_return_improvement"] >= 0.3
+    assert "env eval passed" in output and "promoted" in output
+    assert api.get("/v1/adapters/counter-agent").json()["loaded"] is True
+
+    code, output = _train(stack, token, server, tmp_path, name="counter-worse", config=WORSE)
+    print(output)
+    assert code == 0, output
+    status = _run_status(api, output)
+    evaluation = status["environment_evaluation"]
+    print(json.dumps(evaluation["evidence"], indent=1))
+    assert evaluation["evidence"]["decision"] == "rejected" and evaluation["outcome"] == "rejected"
+    assert api.get("/v1/adapters/counter-worse").json()["loaded"] is False
+    assert api.get("/v1/adapters/counter-agent").json()["loaded"] is True
