@@ -56,6 +56,11 @@ class KilnConfig:
     openenv_max_active_runs: int = 4
     openenv_max_tracked_runs: int = 128
     openenv_tracked_run_ttl_secs: int = 604800
+    # [openenv.credentials.<id>] origin = "https://host[:port]", bearer_token_env = "VAR" (or
+    # KILN_OPENENV_CREDENTIALS, a JSON object of the same tables, which replaces them): the handles a
+    # request's credential_ids may name. The token itself is read from VAR by the process that
+    # connects, when it connects; it is never part of the configuration.
+    openenv_credentials: dict = field(default_factory=dict)
     # [promotion] require_approval: activation waits for a person holding jobs.approve_promotion.
     # None (the default): on whenever more than one active user exists (adapters.promotions decides).
     promotion_require_approval: bool | None = None
@@ -221,6 +226,7 @@ def load_config(env: dict | None = None) -> KilnConfig:
             if "KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS" in env
             else bool(openenv_toml.get("allow_remote_environments", False))),
         **_openenv_runs(env, openenv_toml),
+        openenv_credentials=_openenv_credentials(env, openenv_toml),
         promotion_require_approval=_optional_bool(env, "KILN_PROMOTION_REQUIRE_APPROVAL", promotion_toml,
                                                   "require_approval", None),
         promotion_allow_self_approval=bool(_optional_bool(env, "KILN_PROMOTION_ALLOW_SELF_APPROVAL", promotion_toml,
@@ -273,6 +279,48 @@ def _promotion_bounds(env: dict, table: dict) -> dict:
     if bounds["promotion_min_length_ratio"] > 1 or bounds["promotion_max_length_ratio"] < 1:
         raise ConfigError("[promotion] min_length_ratio must be at most 1 and max_length_ratio at least 1")
     return bounds
+
+
+def _openenv_credentials(env: dict, openenv_toml: dict) -> dict:
+    """{handle: {"origin", "bearer_token_env"}} from [openenv.credentials.<id>] or KILN_OPENENV_CREDENTIALS,
+    each checked: a handle of [A-Za-z0-9_-]{1,64} (not "-"), an exact canonical origin (HTTPS unless
+    loopback; no path), a valid variable name."""
+    import re
+
+    from openenv.client.errors import OpenEnvError
+    from openenv.client.urls import normalize_url
+
+    if "KILN_OPENENV_CREDENTIALS" in env:
+        where = "KILN_OPENENV_CREDENTIALS"
+        try:
+            tables = json.loads(env["KILN_OPENENV_CREDENTIALS"] or "{}")
+        except ValueError as exc:
+            raise ConfigError(f"{where} must be a JSON object: {exc}") from None
+    else:
+        where, tables = "[openenv.credentials]", openenv_toml.get("credentials", {})
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{where} must be a table of credentials")
+    out = {}
+    for handle, table in tables.items():
+        name = f"{where} {handle}"
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", handle) or handle == "-":
+            raise ConfigError(f"{name}: a credential handle is 1..64 of A-Z a-z 0-9 _ - (and not '-')")
+        if not isinstance(table, dict) or set(table) != {"origin", "bearer_token_env"}:
+            raise ConfigError(f"{name}: needs exactly origin and bearer_token_env")
+        origin, variable = table["origin"], table["bearer_token_env"]
+        try:
+            endpoint = normalize_url(origin) if isinstance(origin, str) else None
+        except OpenEnvError as exc:
+            raise ConfigError(f"{name}: origin: {exc.message}") from None
+        if endpoint is None or endpoint.origin != origin.rstrip("/"):
+            raise ConfigError(f"{name}: origin must be an exact origin such as https://env.example:8443, "
+                              f"not {origin!r}")
+        if endpoint.scheme != "https" and not endpoint.is_loopback:
+            raise ConfigError(f"{name}: a bearer token goes only over HTTPS (or to loopback), not to {origin}")
+        if not isinstance(variable, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", variable):
+            raise ConfigError(f"{name}: bearer_token_env must be an environment variable name")
+        out[handle] = {"origin": endpoint.origin, "bearer_token_env": variable}
+    return out
 
 
 def _openenv_runs(env: dict, table: dict) -> dict:

@@ -9,8 +9,9 @@ connection (SSRF protection; redirects are never followed, so a loopback URL can
 elsewhere). The CLI (`kiln openenv inspect|tasks`) is unrestricted.
 
 Requests: `{url}` or `{environment_urls: [...]}` (alias `environments`, 1..64 URLs), with an
-optional server-configured `credential_id` / aligned `credential_ids` (`[openenv.credentials.<id>]`;
-none are configured yet, so any handle is refused with 400 `openenv_credential_not_found`).
+optional server-configured `credential_id` / aligned `credential_ids` (`[openenv.credentials.<id>]`,
+openenv/server_credentials.py: an unknown handle is 400 `openenv_credential_not_found`, one bound to
+another origin or without its token variable 400 `openenv_credential_invalid`).
 Persisted runs (/v1/openenv/runs) live in openenv/runs/api.py. With `[openenv] enabled = false`
 every route answers 404 `openenv_disabled`. Client errors keep their stable codes in the `{"error": {code, message, hint}}` envelope: a bad URL,
 credential, task page or selection is 400; an environment that failed (unreachable, unhealthy,
@@ -156,13 +157,19 @@ def _endpoints(urls: list[str]) -> list[Endpoint]:
     return endpoints
 
 
-def _credentials(handles: list[str | None]) -> list[None]:
-    for handle in handles:
-        if handle is not None:
-            raise KilnError("openenv_credential_not_found", f"no server credential named {handle[:64]!r}",
-                            status=400, hint="this server has no [openenv.credentials.<id>] configured; "
-                                             "use kiln openenv inspect --credential-env VAR from the CLI")
-    return [None] * len(handles)
+def _credentials(handles: list[str | None], endpoints, *, read_tokens: bool = True) -> list:
+    """The Credential (or None) per URL for the server's handles (`[openenv.credentials.<id>]`): 400
+    `openenv_credential_not_found` for an unknown handle, 400 `openenv_credential_invalid` for one bound
+    to another origin or whose token variable is unset. `read_tokens=False` checks only (admission)."""
+    from openenv import server_credentials
+
+    try:
+        if not read_tokens:
+            server_credentials.check_handles(handles, endpoints)
+            return [None] * len(handles)
+        return server_credentials.resolve(handles, endpoints)
+    except OpenEnvError as exc:
+        raise KilnError(exc.code, exc.message, status=400, hint=exc.hint or "") from None
 
 
 def _client_error(exc: OpenEnvError) -> KilnError:
@@ -194,7 +201,7 @@ def openenv_inspect(request, body: OpenEnvInspectRequest):
     values = _body(request, body, set(_URLS_SCHEMA) | {"environments"})
     urls, handles = _targets(values)
     endpoints = _endpoints(urls)
-    credentials = _credentials(handles)
+    credentials = _credentials(handles, endpoints)
 
     async def inspect_all():
         return await asyncio.gather(*(inspect(e, credential=c) for e, c in zip(endpoints, credentials, strict=True)))
@@ -220,7 +227,7 @@ def openenv_tasks(request, body: OpenEnvTasksRequest):
             raise KilnError("openenv_invalid_task_page", f"request: {field} must be an integer", status=400,
                             hint=OpenEnvInvalidTaskPage.default_hint)
     endpoints = _endpoints(urls)
-    credentials = _credentials(handles)
+    credentials = _credentials(handles, endpoints)
 
     async def catalogs():
         return await asyncio.gather(*(task_catalog(e, credential=c, environment_name=name, split=split,

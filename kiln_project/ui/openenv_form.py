@@ -156,7 +156,7 @@ def error_field(error: KilnError, values: dict) -> str:
     indexed = INDEXED.match(field)
     if indexed:
         return f"{ROW_FIELD[indexed.group(1)]}-{indexed.group(2)}"
-    if error.code == "openenv_credential_not_found":
+    if error.code in ("openenv_credential_not_found", "openenv_credential_invalid"):
         for index, row in enumerate(values["rows"]):
             if row["credential"].strip():
                 return f"credential_id-{index}"

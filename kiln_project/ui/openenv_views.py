@@ -217,7 +217,7 @@ def inspect_view(request):
         except ValueError:
             raise KilnError("openenv_invalid_task_page", "request: start must be an integer", status=400) from None
         [endpoint] = openenv_api._endpoints([url])
-        [credential] = openenv_api._credentials([handle])
+        [credential] = openenv_api._credentials([handle], [endpoint])
         if part != "catalog":
             context["inspection"] = openenv_api._run(inspect(endpoint, credential=credential)).to_json()
     except KilnError as exc:

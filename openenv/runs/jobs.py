@@ -205,6 +205,19 @@ def run_openenv_job(ctx) -> dict:
     return run_stage_job(ctx, run, RunState.DISCOVERING, "orchestration", _execute)
 
 
+def run_credentials(run: OpenEnvRun, stage: str) -> list:
+    """The run's credential handles as Credentials, their tokens read now from this worker's
+    environment (openenv.server_credentials); a handle gone from the configuration, or a token
+    variable unset here, fails the run `persisted_contract_invalid` before any connection."""
+    from openenv import server_credentials
+    from openenv.client.errors import OpenEnvError
+
+    try:
+        return server_credentials.resolve(run.request.get("credential_ids"), run.request["environment_urls"])
+    except OpenEnvError as exc:
+        _fail(run, services.failure("persisted_contract_invalid", stage, exc.message, hint=exc.hint))
+
+
 def _execute(ctx, run: OpenEnvRun) -> dict:
     directory = run_dir_for(run)
     try:
@@ -213,7 +226,7 @@ def _execute(ctx, run: OpenEnvRun) -> dict:
         _fail(run, services.failure("artifact_publication_failed", "artifact_publication",
                                     f"cannot create the run directory {directory}: {exc}"))
     services.run_transition(run, from_states=[RunState.DISCOVERING], run_dir=str(directory))
-    config = collection_config(run.request, directory)
+    config = collection_config(run.request, directory, credentials=run_credentials(run, "discovery"))
     train = run.kind == "train"
     if train:
         _seal_behavior(run, directory)

@@ -198,8 +198,9 @@ def _server_checks(request_value: dict) -> None:
     from adapters.selectors import adapter_published_path
     from openenv.api import _credentials, _endpoints
 
-    _endpoints(request_value["environment_urls"])
-    _credentials(request_value["credential_ids"] or [None] * len(request_value["environment_urls"]))
+    endpoints = _endpoints(request_value["environment_urls"])
+    # Handles and origins only: the token is read by the worker when it connects.
+    _credentials(request_value["credential_ids"] or [None] * len(endpoints), endpoints, read_tokens=False)
     name = request_value["adapter"]
     if name != "base" and adapter_published_path(name=name) is None:
         raise KilnError("openenv_invalid_request", f"request: adapter: no published adapter named {name!r}",

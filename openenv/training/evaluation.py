@@ -190,6 +190,7 @@ def run_environment_eval_job(ctx) -> dict:
 
 
 def _evaluate(ctx, run: OpenEnvRun) -> dict:
+    from openenv.runs.jobs import run_credentials
     from openenv.runs.request import collection_config
     from openenv.runs.selectors import run_dir_for
 
@@ -211,7 +212,8 @@ def _evaluate(ctx, run: OpenEnvRun) -> dict:
         (run.training_contract or {}).get("behavior_policy")
     try:
         result = run_environment_eval(
-            base=collection_config(request, directory), plan=plan, baseline=baseline, candidate=candidate,
+            base=collection_config(request, directory, credentials=run_credentials(run, STAGE)), plan=plan,
+            baseline=baseline, candidate=candidate,
             out_dir=directory / OUT_DIR, policy_factory=factory, expected_behavior=expected,
             should_stop=ctx.should_stop, on_progress=_Persist(run))
     except EnvironmentEvalCancelled:

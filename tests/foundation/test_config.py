@@ -69,3 +69,34 @@ def test_public_dict_hides_secrets_and_credentials(tmp_path, monkeypatch):
     assert "secret_key" not in public
     assert public["database_url"] == "postgres://***@db.local/kiln"
     assert "pw" not in str(public)
+
+
+def test_openenv_credentials_are_handles_to_an_origin_and_a_variable(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kiln.toml").write_text('[openenv.credentials.team]\norigin = "https://env.example:8443"\n'
+                                        'bearer_token_env = "TEAM_ENV_TOKEN"\n'
+                                        '[openenv.credentials.local]\norigin = "http://127.0.0.1:8990"\n'
+                                        'bearer_token_env = "LOCAL_TOKEN"\n')
+    config = load_config({"KILN_HOME": str(tmp_path), "TEAM_ENV_TOKEN": "never-read-here"})
+    assert config.openenv_credentials == {
+        "team": {"origin": "https://env.example:8443", "bearer_token_env": "TEAM_ENV_TOKEN"},
+        "local": {"origin": "http://127.0.0.1:8990", "bearer_token_env": "LOCAL_TOKEN"}}
+    assert "never-read-here" not in str(config.public_dict())
+    replaced = load_config({"KILN_HOME": str(tmp_path), "KILN_OPENENV_CREDENTIALS":
+                            '{"ci": {"origin": "http://localhost:9000", "bearer_token_env": "CI_TOKEN"}}'})
+    assert list(replaced.openenv_credentials) == ["ci"]
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"-": {"origin": "http://127.0.0.1:1", "bearer_token_env": "T"}}, "credential handle"),
+    ({"a": {"origin": "http://127.0.0.1:1"}}, "exactly origin and bearer_token_env"),
+    ({"a": {"origin": "http://env.example", "bearer_token_env": "T"}}, "only over HTTPS"),
+    ({"a": {"origin": "https://env.example/path", "bearer_token_env": "T"}}, "exact origin"),
+    ({"a": {"origin": "https://env.example", "bearer_token_env": "1BAD"}}, "variable name"),
+])
+def test_a_bad_openenv_credential_is_refused_by_name(tmp_path, monkeypatch, table, message):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        load_config({"KILN_HOME": str(tmp_path), "KILN_OPENENV_CREDENTIALS": json.dumps(table)})

@@ -92,6 +92,7 @@ class RealServer:
         self.env = _clean_env({"KILN_INTEROP_MAX_SESSIONS": str(max_sessions),
                                "KILN_INTEROP_MAX_DELTA": str(max_delta)})
         self.process: subprocess.Popen | None = None
+        self.health_headers: dict = {}  # what the readiness probe sends (a protected server's token)
         self.log_path = workdir / f"server-{self.port}-{max_delta}.log"
 
     @property
@@ -113,7 +114,8 @@ class RealServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the OpenEnv server exited ({self.process.returncode}):\n{self.log_tail()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2, trust_env=False).status_code == 200:
+                if httpx.get(self.url + "/health", headers=self.health_headers, timeout=2,
+                             trust_env=False).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
