@@ -115,6 +115,10 @@ def _finish(job: Job, state: str, *, event_message: str, **fields) -> bool:
             state=state, finished_at=now, updated_at=now, **fields
         )
         if updated:
+            # The hooks read the job's outcome from this object: give it the row's new values.
+            job.state, job.finished_at, job.updated_at = state, now, now
+            for name, value in fields.items():
+                setattr(job, name, value)
             _event(job, state, event_message, {k: v for k, v in fields.items() if k.startswith("error")})
             if state != JobState.COMPLETED:
                 _after_unsuccessful(job)

@@ -17,6 +17,14 @@ register_job_kind(JobKind(name="test.steps", queue="gpu", handler="tests.support
 register_job_kind(JobKind(name="test.control_steps", queue="control",
                           handler="tests.support.job_kinds:run_steps", category="openenv"))
 register_job_kind(JobKind(name="test.fail", queue="control", handler="tests.support.job_kinds:run_fail"))
+register_job_kind(JobKind(name="test.hooked", queue="control", handler="tests.support.job_kinds:run_steps",
+                          on_unsuccessful="tests.support.job_kinds:record_unsuccessful"))
+# What `record_unsuccessful` saw: (job id, state, error_code), in order.
+UNSUCCESSFUL_SEEN: list[tuple] = []
+
+
+def record_unsuccessful(job) -> None:
+    UNSUCCESSFUL_SEEN.append((job.id, job.state, job.error_code))
 
 
 def run_steps(ctx) -> dict:
