@@ -57,6 +57,13 @@ def _detail(job) -> tuple[dict, str]:
         return detail, f"the training receipt could not be read yet ({type(exc).__name__}: {exc})"
 
 
+def training_curves(job) -> list[dict]:
+    """The loss, reward and KL sparklines of a training job, from its recorded metric histories."""
+    metrics = job.metrics or {}
+    return [{"id": name, "label": label, "line": sparkline(metrics.get(history), key)}
+            for name, label, history, key in CURVES]
+
+
 def training_section(job) -> dict:
     """Everything the training part of a job page shows (curves, filter stats, adapter, receipt)."""
     detail, receipt_error = _detail(job)

@@ -117,10 +117,20 @@ def card(status: dict) -> dict:
     }
 
 
+def _with_curves(item: dict) -> dict:
+    """The card's trainer curves (loss, reward, KL), read from its training job's metric histories."""
+    from core.jobs.selectors import job_get
+    from training.fragments import training_curves
+
+    job = job_get(job_id=item["training_job_id"]) if item["training_job_id"] else None
+    item["curves"] = [c for c in training_curves(job) if c["line"].count] if job is not None else []
+    return item
+
+
 def cards_context() -> dict:
     from openenv.runs.selectors import runs_status_list
 
-    cards = [card(status) for status in runs_status_list(limit=CARD_LIMIT)["runs"]]
+    cards = [_with_curves(card(status)) for status in runs_status_list(limit=CARD_LIMIT)["runs"]]
     return {"cards": cards, "any_active": any(c["active"] for c in cards)}
 
 

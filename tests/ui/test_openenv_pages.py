@@ -398,3 +398,26 @@ def test_a_lora_rank_without_alpha_keeps_the_clis_alpha_over_rank_of_two():
 
     assert config(tc_lora_rank="8") == {"lora_rank": 8, "lora_alpha": 16}
     assert config(tc_lora_rank="8", training_config_json='{"lora_alpha": 8}') == {"lora_alpha": 8, "lora_rank": 8}
+
+
+def test_a_train_runs_card_draws_its_training_jobs_curves(operator_client, operator, monkeypatch):
+    """Loss, reward and KL as the training job records them (its metric histories), on the card itself."""
+    from core.jobs.models import Job
+    from core.jobs.services import job_submit
+    from openenv.runs import selectors
+
+    job = job_submit(kind="test.steps", payload={"steps": 1}, user=operator, title="trainer")
+    Job.objects.filter(id=job.id).update(metrics={
+        "loss_history": [{"step": 1, "loss": 0.9}, {"step": 2, "loss": 0.5}, {"step": 3, "loss": 0.25}],
+        "reward_history": [{"step": 1, "reward_mean": -0.6}, {"step": 3, "reward_mean": 0.4}]})
+    run, _ = run_submit(request=normalize({"kind": "rollout", "environment_urls": [URL_A]}), user=operator)
+    _ready(run)
+    extra = {"training_job_id": str(job.uuid), "training": {"job_id": str(job.uuid), "state": "running",
+                                                            "progress": 0.5}}
+    original = selectors.runs_status_list
+    monkeypatch.setattr(selectors, "runs_status_list",
+                        lambda **kw: {**original(**kw), "runs": [{**r, **extra} for r in original(**kw)["runs"]]})
+    html = unescape(operator_client.get(PAGE + "?fragment=runs").content.decode())
+    assert html.count('class="curve run-curve"') == 2 and 'data-curve="kl"' not in html  # no KL points: not drawn
+    assert 'data-curve="loss"' in html and 'run-curve-last">0.25' in html
+    assert 'run-curve-last">0.4' in html and "step 1–3 · low -0.6 · high 0.4" in html
