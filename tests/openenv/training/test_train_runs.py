@@ -152,6 +152,28 @@ def test_cancel_during_training_cancels_the_training_job(api, home, counter, ser
     assert status(api, running["run_id"])["state"] == "cancelled"
 
 
+def test_cancel_while_post_evaluating_cancels_the_post_eval_and_the_run(api, home, counter, served, policies,
+                                                                       django_capture_on_commit_callbacks):
+    suite = {"name": "sums-check", "scorer": {"type": "numeric_tolerance", "tolerance": 0},
+             "examples": [{"id": f"s{i}", "messages": [{"role": "user", "content": f"What is {i} + 1?"}],
+                           "target": str(i + 1)} for i in range(3)]}
+    assert api.post("/v1/eval/suites", data=json.dumps(suite), content_type="application/json").status_code == 200
+    queued = collect(api, train_body(counter.url, groups=1, post_eval={"suite": "sums-check"}))
+    assert queued["state"] == "training_queued", queued
+    with django_capture_on_commit_callbacks(execute=True):
+        run_queued_jobs("gpu")  # trains and publishes; the post-eval waits on the control queue
+    evaluating = status(api, queued["run_id"])
+    assert evaluating["state"] == "post_evaluating", evaluating
+    [post_eval] = Job.objects.filter(kind="training.post_eval")
+    assert post_eval.state == "queued"
+    with django_capture_on_commit_callbacks(execute=True):
+        cancelled = api.delete(f"/v1/openenv/runs/{queued['run_id']}").json()
+    assert cancelled["state"] == "cancelled", cancelled
+    post_eval.refresh_from_db()
+    assert post_eval.state == "cancelled"
+    assert [a["kind"] for a in cancelled["artifacts"]][-2:] == ["train_receipt", "adapter_manifest"]
+
+
 def test_a_behavior_adapter_changed_under_the_run_fails_closed(api, home, counter, served, policies):
     adapter = publish_adapter(home)
     body = train_body(counter.url, groups=1, adapter="counter-agent-v1", output_adapter="counter-agent-v2")
