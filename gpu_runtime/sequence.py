@@ -7,8 +7,10 @@ random number (`uniform`); the sequence decides when it is finished and builds i
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +52,18 @@ class ThinkingTokens:
         return self.close_id not in tail[last_open:]
 
 
+def stream_seed(seed: int, prompt_ids: list[int]) -> int:
+    """The random stream of a request: its seed mixed with its prompt's token ids (64 bits).
+
+    The same seed and prompt give the same tokens (replay, provenance); the same seed on another
+    prompt gives another stream. Seeding by the seed alone made completion j of every task in a
+    rollout batch (the guide gives every task seeds 42, 43, ...) draw the same uniforms: correlated
+    samples across tasks, and fewer groups with any contrast for GRPO to learn from.
+    """
+    digest = hashlib.sha256(f"kiln-stream-v2:{int(seed)}:".encode() + array("q", prompt_ids).tobytes()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
 class DecodeSequence:
     def __init__(
         self,
@@ -76,7 +90,7 @@ class DecodeSequence:
         self.adapter = adapter
         self.adapter_key = adapter.key if adapter is not None else None
         self.seed = request.seed if request.seed is not None else secrets.randbits(64)
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self.generator = torch.Generator().manual_seed(stream_seed(self.seed, prompt_ids))
         self._uniforms: list[float] = []
         self.penalties = PenaltyState(prompt_ids, vocab_size, device) if self.params.uses_penalties else None
         self._thinking_tokens = thinking
@@ -132,7 +146,7 @@ class DecodeSequence:
     def uniform(self) -> float:
         """The next uniform number from this request's own generator (one per sampled token).
 
-        Drawn 64 at a time (one call instead of 64): the stream depends only on the seed and on
+        Drawn 64 at a time (one call instead of 64): the stream depends only on the seed, the prompt and on
         how many tokens this request has sampled, never on the batch around it.
         """
         if not self._uniforms:

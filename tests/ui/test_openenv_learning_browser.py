@@ -8,8 +8,8 @@ option, thinking off, AdamW 1e-4 as the training config, LoRA rank 8, 40 x 4 hel
 gate with min_mean_improvement 0.1), submits, and watches the card go to `completed` without a
 reload; the card shows the gate's outcome (`promoted`), its counts and exact p, which the test
 checks against the run's status and a sign test computed here; the adapter then serves. The run
-is seeded, so it measures what the CLI run measures (held-out return 0.19 -> 1.18, 29 better, 2
-worse, 9 tied). About 2 minutes. Screenshot: /tmp/kiln-ui-openenv-learning.png.
+is seeded, so it measures what the CLI run measures (held-out return 0.21 -> 1.10, 32 better, 1
+worse, 7 tied). About 2 minutes. Screenshot: /tmp/kiln-ui-openenv-learning.png.
 """
 
 from __future__ import annotations
