@@ -236,20 +236,25 @@ def load_config(env: dict | None = None) -> KilnConfig:
     )
 
 
+def _json_variable_or_table(env: dict, variable: str, table_name: str, table) -> tuple[str, object]:
+    """(where, value): the JSON object in `variable` when it is set (it replaces the kiln.toml table
+    whole), else the table."""
+    if variable not in env:
+        return table_name, table
+    try:
+        return variable, json.loads(env[variable] or "{}")
+    except ValueError as exc:
+        raise ConfigError(f"{variable} must be a JSON object: {exc}") from None
+
+
 def _training_defaults(env: dict, training_toml: dict) -> dict:
     """[training.defaults] or KILN_TRAINING_DEFAULTS (which wins, whole), checked as a GrpoConfig:
     an unknown key, an invalid value or a per-run identity field is a ConfigError naming it."""
     from core.contracts.grpo_values import GrpoConfigError
     from training.config_defaults import check_training_defaults
 
-    if "KILN_TRAINING_DEFAULTS" in env:
-        where = "KILN_TRAINING_DEFAULTS"
-        try:
-            table = json.loads(env["KILN_TRAINING_DEFAULTS"] or "{}")
-        except ValueError as exc:
-            raise ConfigError(f"KILN_TRAINING_DEFAULTS must be a JSON object: {exc}") from None
-    else:
-        where, table = "[training.defaults]", training_toml.get("defaults", {})
+    where, table = _json_variable_or_table(env, "KILN_TRAINING_DEFAULTS", "[training.defaults]",
+                                           training_toml.get("defaults", {}))
     try:
         return check_training_defaults(table)
     except GrpoConfigError as exc:
@@ -290,14 +295,8 @@ def _openenv_credentials(env: dict, openenv_toml: dict) -> dict:
     from openenv.client.errors import OpenEnvError
     from openenv.client.urls import normalize_url
 
-    if "KILN_OPENENV_CREDENTIALS" in env:
-        where = "KILN_OPENENV_CREDENTIALS"
-        try:
-            tables = json.loads(env["KILN_OPENENV_CREDENTIALS"] or "{}")
-        except ValueError as exc:
-            raise ConfigError(f"{where} must be a JSON object: {exc}") from None
-    else:
-        where, tables = "[openenv.credentials]", openenv_toml.get("credentials", {})
+    where, tables = _json_variable_or_table(env, "KILN_OPENENV_CREDENTIALS", "[openenv.credentials]",
+                                            openenv_toml.get("credentials", {}))
     if not isinstance(tables, dict):
         raise ConfigError(f"{where} must be a table of credentials")
     out = {}
