@@ -160,6 +160,48 @@ def replay_tolerance(
     return "mean_abs", 0.1
 
 
+# The most logits one replay forward may produce (float32: 1 GiB): a group's completions go through
+# in as few forwards as fit (a long one alone), so a large vocabulary cannot run out of memory.
+REPLAY_LOGITS_BUDGET = 2**28
+
+
+def _replayed_rows(model, items: list, device):
+    """(completion index, item, float logits at its sampled positions' predecessors) per item.
+
+    A group's completions are batched, right-padded with an attention mask (a causal model's rows
+    at real positions are the item's own), and only the rows from the earliest sampled position on
+    go through the vocabulary projection (`logits_to_keep`); a model whose forward does not take
+    it gives every row."""
+    import torch
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+
+    def run(chunk):
+        width = max(len(item.input_ids) for _, item in chunk)
+        first = min(min(item.behavior) for _, item in chunk) - 1
+        ids = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
+        for row, (_, item) in enumerate(chunk):
+            ids[row, :len(item.input_ids)] = torch.tensor(item.input_ids, device=device)
+            mask[row, :len(item.input_ids)] = 1
+        try:
+            logits, offset = model(input_ids=ids, attention_mask=mask, logits_to_keep=width - first).logits, first
+        except TypeError:
+            logits, offset = model(input_ids=ids, attention_mask=mask).logits, 0
+        for row, (c, item) in enumerate(chunk):
+            yield c, item, logits[row, [p - 1 - offset for p in sorted(item.behavior)]].float()
+
+    chunk: list = []
+    for c, item in items:
+        width = max([len(item.input_ids)] + [len(i.input_ids) for _, i in chunk])
+        if chunk and (len(chunk) + 1) * width * vocab > REPLAY_LOGITS_BUDGET:
+            yield from run(chunk)
+            chunk = []
+        chunk.append((c, item))
+    if chunk:
+        yield from run(chunk)
+
+
 def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: str) -> dict[str, Any]:
     """Recompute each recorded completion's sampled-token log-probs with the trainer's initial
     policy (base + warm-start adapter = the behavior policy) under the recorded sampling controls,
@@ -173,17 +215,14 @@ def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: st
     float32 = next(model.parameters()).dtype == torch.float32
     checked, worst = 0, 0.0
     for group in encoded_groups:
-        for c, item in enumerate(group.completions):
+        replayable = [(c, item) for c, item in enumerate(group.completions)
+                      if item.provenance is not None and item.behavior]
+        for c, item, rows in _replayed_rows(model, replayable, device):
             record = item.provenance
-            if record is None or not item.behavior:
-                continue
             s = dict(record["sampling"])
             s.pop("thinking_budget", None)
             params = SamplingParams(**{**s, "stop": tuple(s["stop"])})
-            ids = torch.tensor([item.input_ids], device=device)
             positions = sorted(item.behavior)
-            logits = model(input_ids=ids).logits[0].float()
-            rows = logits[[p - 1 for p in positions]]
             if params.uses_penalties:
                 prompt_count = record["prompt_token_count"]
                 state = PenaltyState(item.input_ids[:prompt_count], rows.shape[-1], device)

@@ -180,3 +180,22 @@ def test_recorded_training_uses_the_behavior_logprobs(recorded, tiny_model_dir, 
         receipt["recorded_behavior_replay"]["checked_tokens"] == audit["importance_sampling"]["action_tokens"]
     )
     assert receipt["recorded_behavior_replay"]["max_abs_logprob_difference"] < 1e-3
+
+
+def test_the_replay_batched_per_group_matches_one_completion_at_a_time(recorded, tiny_model_dir, tmp_path,
+                                                                      one_thread, monkeypatch):
+    """The replay runs a group's completions in one right-padded forward, projecting only the rows
+    from the first sampled position on; with a logits budget of one row each completion goes alone.
+    Both replay every sampled token, and replay it to the recorded log-prob."""
+    from gpu_runtime.grpo import recorded as replay
+
+    _, groups = recorded
+    receipts = []
+    for budget in (replay.REPLAY_LOGITS_BUDGET, 1):
+        monkeypatch.setattr(replay, "REPLAY_LOGITS_BUDGET", budget)
+        result = run(train_request(tiny_model_dir, groups[:2], tmp_path / str(budget), "rec",
+                                   behavior_policy="recorded", dynamic_sampling=False))
+        receipts.append(result.receipt["recorded_behavior_replay"])
+    batched, alone = receipts
+    assert batched["checked_tokens"] == alone["checked_tokens"] > 0
+    assert batched["max_abs_logprob_difference"] < 1e-4 and alone["max_abs_logprob_difference"] < 1e-4
