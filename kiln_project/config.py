@@ -290,8 +290,7 @@ def _openenv_credentials(env: dict, openenv_toml: dict) -> dict:
     """{handle: {"origin", "bearer_token_env"}} from [openenv.credentials.<id>] or KILN_OPENENV_CREDENTIALS,
     each checked: a handle of [A-Za-z0-9_-]{1,64} (not "-"), an exact canonical origin (HTTPS unless
     loopback; no path), a valid variable name."""
-    import re
-
+    from openenv.client.credentials import CREDENTIAL_HANDLE, VARIABLE_NAME, check_secure
     from openenv.client.errors import OpenEnvError
     from openenv.client.urls import normalize_url
 
@@ -302,7 +301,7 @@ def _openenv_credentials(env: dict, openenv_toml: dict) -> dict:
     out = {}
     for handle, table in tables.items():
         name = f"{where} {handle}"
-        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", handle) or handle == "-":
+        if not CREDENTIAL_HANDLE.match(handle) or handle == "-":
             raise ConfigError(f"{name}: a credential handle is 1..64 of A-Z a-z 0-9 _ - (and not '-')")
         if not isinstance(table, dict) or set(table) != {"origin", "bearer_token_env"}:
             raise ConfigError(f"{name}: needs exactly origin and bearer_token_env")
@@ -314,9 +313,11 @@ def _openenv_credentials(env: dict, openenv_toml: dict) -> dict:
         if endpoint is None or endpoint.origin != origin.rstrip("/"):
             raise ConfigError(f"{name}: origin must be an exact origin such as https://env.example:8443, "
                               f"not {origin!r}")
-        if endpoint.scheme != "https" and not endpoint.is_loopback:
-            raise ConfigError(f"{name}: a bearer token goes only over HTTPS (or to loopback), not to {origin}")
-        if not isinstance(variable, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", variable):
+        try:
+            check_secure(endpoint)
+        except OpenEnvError as exc:
+            raise ConfigError(f"{name}: {exc.message}") from None
+        if not isinstance(variable, str) or not VARIABLE_NAME.match(variable):
             raise ConfigError(f"{name}: bearer_token_env must be an environment variable name")
         out[handle] = {"origin": endpoint.origin, "bearer_token_env": variable}
     return out

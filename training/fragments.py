@@ -57,10 +57,9 @@ def _detail(job) -> tuple[dict, str]:
         return detail, f"the training receipt could not be read yet ({type(exc).__name__}: {exc})"
 
 
-def training_curves(job) -> list[dict]:
-    """The loss, reward and KL sparklines of a training job, from its recorded metric histories."""
-    metrics = job.metrics or {}
-    return [{"id": name, "label": label, "line": sparkline(metrics.get(history), key)}
+def training_curves(histories: dict) -> list[dict]:
+    """The loss, reward and KL sparklines from a training job's histories (`loss_history`, ...)."""
+    return [{"id": name, "label": label, "line": sparkline(histories.get(history), key)}
             for name, label, history, key in CURVES]
 
 
@@ -68,8 +67,7 @@ def training_section(job) -> dict:
     """Everything the training part of a job page shows (curves, filter stats, adapter, receipt)."""
     detail, receipt_error = _detail(job)
     metrics = job.metrics or {}
-    curves = [{"id": name, "label": label, "line": sparkline(detail.get(history) or metrics.get(history), key)}
-              for name, label, history, key in CURVES]
+    curves = training_curves({history: detail.get(history) or metrics.get(history) for history in HISTORY_KEYS})
     name = detail.get("adapter_name")
     adapter = adapter_selectors.adapter_get(name=name) if name else None
     config = detail.get("effective_config") or {}

@@ -123,7 +123,7 @@ def _with_curves(item: dict) -> dict:
     from training.fragments import training_curves
 
     job = job_get(job_id=item["training_job_id"]) if item["training_job_id"] else None
-    item["curves"] = [c for c in training_curves(job) if c["line"].count] if job is not None else []
+    item["curves"] = [c for c in training_curves(job.metrics or {}) if c["line"].count] if job is not None else []
     return item
 
 

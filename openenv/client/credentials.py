@@ -19,7 +19,10 @@ from openenv.client.errors import OpenEnvCredentialInvalid
 from openenv.client.urls import Endpoint, as_endpoint, normalize_url
 
 PUBLIC_SLOT = "-"
-_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# A server credential's handle (`[openenv.credentials.<id>]`, a request's credential_ids); "-" is
+# reserved for a public slot.
+CREDENTIAL_HANDLE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _TOKEN = re.compile(r"^[\x21-\x7e]{1,4096}$")  # visible ASCII: header-safe, no whitespace
 
 
@@ -51,7 +54,7 @@ def authentication(credential: Credential | None) -> str:
     return "bearer" if credential is not None else "none"
 
 
-def _check_secure(endpoint: Endpoint) -> None:
+def check_secure(endpoint: Endpoint) -> None:
     if endpoint.scheme != "https" and not endpoint.is_loopback:
         raise OpenEnvCredentialInvalid(
             f"a bearer token may only be sent over HTTPS (or to loopback), not to {endpoint.origin}",
@@ -59,7 +62,7 @@ def _check_secure(endpoint: Endpoint) -> None:
 
 
 def _read_token(variable: str, environ: Mapping[str, str]) -> str:
-    if not _VARIABLE.match(variable):
+    if not VARIABLE_NAME.match(variable):
         raise OpenEnvCredentialInvalid(f"{variable!r} is not an environment variable name")
     token = environ.get(variable, "")
     if not token:
@@ -76,7 +79,7 @@ def credential_from_env(url: Endpoint | str, variable: str, *,
     if variable == PUBLIC_SLOT:
         return None
     endpoint = as_endpoint(url)
-    _check_secure(endpoint)
+    check_secure(endpoint)
     return Credential(origin=endpoint.origin, _token=_read_token(variable, os.environ if environ is None else environ))
 
 
@@ -89,7 +92,7 @@ def credential_for_origin(url: Endpoint | str, *, origin: str, bearer_token_env:
         raise OpenEnvCredentialInvalid(f"the credential origin {origin!r} must not have a path")
     if configured.origin != endpoint.origin:
         raise OpenEnvCredentialInvalid(f"the credential for {configured.origin} does not match {endpoint.origin}")
-    _check_secure(endpoint)
+    check_secure(endpoint)
     return Credential(origin=endpoint.origin,
                       _token=_read_token(bearer_token_env, os.environ if environ is None else environ))
 

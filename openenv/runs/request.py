@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from openenv.client.actions import I64_MAX
+from openenv.client.credentials import CREDENTIAL_HANDLE
 from openenv.client.errors import OpenEnvError, OpenEnvUrlInvalid
 from openenv.client.urls import normalize_url
 from openenv.collector.config import MAX_GROUPS, CollectionConfig, adapter_name
@@ -26,7 +27,6 @@ from openenv.collector.config import MAX_GROUPS, CollectionConfig, adapter_name
 KINDS = ("rollout", "train")
 MAX_URLS = 64
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-CREDENTIAL_HANDLE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TRAIN_ONLY = ("output_adapter", "training_config", "post_eval", "environment_eval")
 MIN_GATE_GROUPS = 20

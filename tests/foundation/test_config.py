@@ -90,7 +90,7 @@ def test_openenv_credentials_are_handles_to_an_origin_and_a_variable(tmp_path, m
 @pytest.mark.parametrize("table, message", [
     ({"-": {"origin": "http://127.0.0.1:1", "bearer_token_env": "T"}}, "credential handle"),
     ({"a": {"origin": "http://127.0.0.1:1"}}, "exactly origin and bearer_token_env"),
-    ({"a": {"origin": "http://env.example", "bearer_token_env": "T"}}, "only over HTTPS"),
+    ({"a": {"origin": "http://env.example", "bearer_token_env": "T"}}, "only be sent over HTTPS"),
     ({"a": {"origin": "https://env.example/path", "bearer_token_env": "T"}}, "exact origin"),
     ({"a": {"origin": "https://env.example", "bearer_token_env": "1BAD"}}, "variable name"),
 ])
