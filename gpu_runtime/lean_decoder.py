@@ -33,9 +33,11 @@ __all__ = [
     "lm_logits",
     "lm_logprobs",
     "plan_for",
+    "predicting_hidden",
     "prefix_attention_mask",
     "rms_norm",
     "sequence_logprobs",
+    "shared_prefix",
     "unsupported_reason",
 ]
 
@@ -221,13 +223,18 @@ def prefix_attention_mask(prefix: int, length: int, device) -> Tensor:
     return torch.cat([torch.ones(length, prefix, dtype=torch.bool, device=device), causal], dim=1)
 
 
-def sequence_logprobs(
-    plan: Plan, ids: Tensor, start: int, *, prefix: int = 0, checkpoint_segments: int = 0, head=None
-):
-    """(B, T) log p(ids[:, t] | ids[:, <t]) for t >= start (0 before) of right-padded rows.
+def shared_prefix(ids: Tensor, lengths: list[int]) -> int:
+    """How many leading tokens every right-padded row shares (within every row's own length)."""
+    if ids.shape[0] < 2:
+        return 0
+    differs = (~(ids == ids[:1]).all(dim=0)).nonzero()
+    shared = int(differs[0]) if len(differs) else ids.shape[1]
+    return min(shared, min(lengths))
 
-    `head(plan, hidden, targets)` replaces `lm_logprobs` (the fused kernel of
-    `gpu_runtime.kernels.lm_head`, when the kernel selection says Triton).
+
+def predicting_hidden(plan: Plan, ids: Tensor, start: int, *, prefix: int = 0, checkpoint_segments: int = 0):
+    """(B, T - start, H) pre-norm hidden states of positions start-1 .. T-2 of right-padded rows:
+    row[:, j] is what predicts ids[:, start + j].
 
     With `prefix` >= 1 the rows' first `prefix` tokens are identical (a group's prompt): they run
     once as a batch of one, and the rest of every row attends to their keys and values (with
@@ -238,22 +245,30 @@ def sequence_logprobs(
     prefix = min(prefix, width - 1)
     if batch == 1 or checkpoint_segments:
         prefix = 0  # nothing to share; checkpointed runs trade speed for memory: one plain forward
-    if prefix:
-        prefix_hidden, prefix_kv = forward(plan, ids[:1, :prefix])
-        suffix_ids = ids[:, prefix:]
-        mask = prefix_attention_mask(prefix, suffix_ids.shape[1], ids.device)
-        suffix_hidden, _ = forward(plan, suffix_ids, mask=mask, past=prefix_kv)
-        # Positions start-1 .. T-2 predict tokens start .. T-1.
-        first = start - 1
-        parts = []
-        if first < prefix:
-            parts.append(prefix_hidden[:, first:prefix].expand(batch, -1, -1))
-            parts.append(suffix_hidden[:, : width - 1 - prefix])
-        else:
-            parts.append(suffix_hidden[:, first - prefix : width - 1 - prefix])
-        hidden = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-    else:
+    if not prefix:
         hidden, _ = forward(plan, ids, checkpoint_segments=checkpoint_segments)
-        hidden = hidden[:, start - 1 : width - 1]
+        return hidden[:, start - 1 : width - 1]
+    prefix_hidden, prefix_kv = forward(plan, ids[:1, :prefix])
+    suffix_ids = ids[:, prefix:]
+    mask = prefix_attention_mask(prefix, suffix_ids.shape[1], ids.device)
+    suffix_hidden, _ = forward(plan, suffix_ids, mask=mask, past=prefix_kv)
+    # Positions start-1 .. T-2 predict tokens start .. T-1.
+    first = start - 1
+    if first >= prefix:
+        return suffix_hidden[:, first - prefix : width - 1 - prefix]
+    shared = prefix_hidden[:, first:prefix].expand(batch, -1, -1)
+    return torch.cat([shared, suffix_hidden[:, : width - 1 - prefix]], dim=1)
+
+
+def sequence_logprobs(
+    plan: Plan, ids: Tensor, start: int, *, prefix: int = 0, checkpoint_segments: int = 0, head=None
+):
+    """(B, T) log p(ids[:, t] | ids[:, <t]) for t >= start (0 before) of right-padded rows.
+
+    `head(plan, hidden, targets)` replaces `lm_logprobs` (the fused kernel of
+    `gpu_runtime.kernels.lm_head`, when the kernel selection says Triton). `prefix`: see
+    `predicting_hidden`.
+    """
+    hidden = predicting_hidden(plan, ids, start, prefix=prefix, checkpoint_segments=checkpoint_segments)
     selected = (head or lm_logprobs)(plan, hidden, ids[:, start:])
-    return torch.cat([selected.new_zeros(batch, start), selected], dim=1)
+    return torch.cat([selected.new_zeros(ids.shape[0], start), selected], dim=1)

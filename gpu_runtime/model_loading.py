@@ -7,6 +7,7 @@ here and travel with the `LoadedModel`, so every rollout can name exactly what p
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,8 @@ class LoadedModel:
     path: Path
     served_model_id: str
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Recent renders by their inputs' JSON: a GRPO group sends one prompt with many seeds.
+    _rendered: dict = field(default_factory=dict, repr=False, compare=False)
 
     def render_prompt(
         self,
@@ -57,14 +60,34 @@ class LoadedModel:
         template_kwargs: dict | None = None,
     ) -> tuple[str, list[int]]:
         """Render chat messages through the model's template; return (text, token ids)."""
-        return render_prompt(
-            self.tokenizer,
-            messages,
-            enable_thinking=enable_thinking,
-            add_generation_prompt=add_generation_prompt,
-            tools=tools,
-            template_kwargs=template_kwargs,
-        )
+        call = dict(enable_thinking=enable_thinking, add_generation_prompt=add_generation_prompt, tools=tools,
+                    template_kwargs=template_kwargs)
+        key = _render_key(self.tokenizer, messages, call)
+        if key is not None and key in self._rendered:
+            text, ids = self._rendered[key]
+            return text, list(ids)
+        text, ids = render_prompt(self.tokenizer, messages, **call)
+        if key is not None:
+            if len(self._rendered) >= RENDER_CACHE_SIZE:
+                self._rendered.clear()
+            self._rendered[key] = (text, tuple(ids))
+        return text, ids
+
+
+RENDER_CACHE_SIZE = 1024
+
+
+def _render_key(tokenizer, messages, call: dict) -> str | None:
+    """The JSON of a render's inputs, or None when it must not be cached: inputs that are not plain
+    JSON, or a template that reads the clock (`strftime_now`: today's date in the prompt)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or "strftime_now" in template:
+        return None
+    try:
+        # The template's own hash too: a tokenizer whose template is swapped must not get old renders.
+        return json.dumps([hash(template), messages, call], sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
 
 
 def default_device() -> tuple[torch.device, torch.dtype]:

@@ -180,6 +180,7 @@ class Sampler:
 
     def _admit(self) -> bool:
         admitted = False
+        in_use = {seq.adapter_key for seq in self._waiting} | set(self._cohorts)
         while True:
             try:
                 request, future, created_at = self._incoming.get_nowait()
@@ -189,7 +190,6 @@ class Sampler:
             if future.cancelled():
                 continue
             try:
-                in_use = {seq.adapter_key for seq in self._waiting} | set(self._cohorts)
                 self._waiting.append(
                     admit_request(
                         request,
@@ -201,6 +201,7 @@ class Sampler:
                         in_use=in_use,
                     )
                 )
+                in_use.add(self._waiting[-1].adapter_key)
             except SampleRequestError as exc:
                 _set_exception(future, exc)
             except Exception as exc:  # noqa: BLE001 - never let one bad request stop the loop

@@ -160,99 +160,191 @@ def replay_tolerance(
     return "mean_abs", 0.1
 
 
-# The most logits one replay forward may produce (float32: 1 GiB): a group's completions go through
-# in as few forwards as fit (a long one alone), so a large vocabulary cannot run out of memory.
+# The most logits one replay projection may produce (float32: 1 GiB): sampled positions go through
+# the vocabulary projection in chunks of whole completions that fit (a long one alone), so a large
+# vocabulary cannot run out of memory.
 REPLAY_LOGITS_BUDGET = 2**28
+# Small models replay several groups in one forward (rows x width tokens at most): their forwards
+# cost per call, not per token, so repeating each group's prompt is cheaper than one call a group.
+REPLAY_BATCH_TOKENS = 16384
 
 
-def _replayed_rows(model, items: list, device):
-    """(completion index, item, float logits at its sampled positions' predecessors) per item.
+def _chunks(items: list, size: int, size_of) -> list[list]:
+    """`items` split, in order, so that each chunk's total `size_of` stays within `size` (an item
+    larger than that alone)."""
+    chunks: list[list] = [[]]
+    total = 0
+    for item in items:
+        n = size_of(item)
+        if chunks[-1] and total + n > size:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(item)
+        total += n
+    return [c for c in chunks if c]
 
-    A group's completions are batched, right-padded with an attention mask (a causal model's rows
-    at real positions are the item's own), and only the rows from the earliest sampled position on
-    go through the vocabulary projection (`logits_to_keep`); a model whose forward does not take
-    it gives every row."""
+
+def _batch_ids(entries: list, device):
+    """Right-padded ids and attention mask of the entries' (group, completion index, item) items."""
     import torch
 
-    vocab = model.get_output_embeddings().weight.shape[0]
+    width = max(len(item.input_ids) for _, _, item in entries)
+    ids = torch.zeros((len(entries), width), dtype=torch.long, device=device)
+    mask = torch.zeros((len(entries), width), dtype=torch.long, device=device)
+    for row, (_, _, item) in enumerate(entries):
+        ids[row, : len(item.input_ids)] = torch.tensor(item.input_ids, device=device)
+        mask[row, : len(item.input_ids)] = 1
+    return ids, mask
 
-    def run(chunk):
-        width = max(len(item.input_ids) for _, item in chunk)
-        first = min(min(item.behavior) for _, item in chunk) - 1
-        ids = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
-        for row, (_, item) in enumerate(chunk):
-            ids[row, :len(item.input_ids)] = torch.tensor(item.input_ids, device=device)
-            mask[row, :len(item.input_ids)] = 1
+
+def _lean_chunks(plan, entries: list, device):
+    """Per chunk, [(group, completion index, item, float logits at its sampled positions'
+    predecessors)], on the lean forward: one group's shared prompt once and its completions
+    against the prompt's keys and values (the trainer's own layout), or, for a small model,
+    several groups' rows in one plain forward; only the sampled positions are projected."""
+    import torch
+
+    from gpu_runtime import lean_decoder
+
+    ids, _ = _batch_ids(entries, device)
+    lengths = [len(item.input_ids) for _, _, item in entries]
+    first = min(min(item.behavior) for _, _, item in entries)
+    one_group = len({id(group) for group, _, _ in entries}) == 1
+    prefix = lean_decoder.shared_prefix(ids, lengths) if one_group else 0
+    hidden = lean_decoder.predicting_hidden(plan, ids, first, prefix=prefix)
+    vocab = plan.lm_head.shape[0]
+    for chunk in _chunks(list(enumerate(entries)), REPLAY_LOGITS_BUDGET, lambda e: len(e[1][2].behavior) * vocab):
+        rows, columns = [], []
+        for row, (_, _, item) in chunk:
+            for p in sorted(item.behavior):
+                rows.append(row)
+                columns.append(p - first)
+        at = (torch.tensor(rows, device=device), torch.tensor(columns, device=device))
+        logits = lean_decoder.lm_logits(plan, hidden[at]).float()
+        out, offset = [], 0
+        for _, (group, c, item) in chunk:
+            n = len(item.behavior)
+            out.append((group, c, item, logits[offset : offset + n]))
+            offset += n
+        yield out
+
+
+def _transformers_chunks(model, entries: list, device):
+    """`_lean_chunks` on the transformers forward (a model the lean forward does not cover): the
+    chunk's completions right-padded with an attention mask, only the rows from the earliest
+    sampled position on projected (`logits_to_keep`); a model whose forward does not take it
+    gives every row."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    width = max(len(item.input_ids) for _, _, item in entries)  # a completion's logits: at most its width
+    for chunk in _chunks(entries, REPLAY_LOGITS_BUDGET, lambda _: width * vocab):
+        ids, mask = _batch_ids(chunk, device)
+        first = min(min(item.behavior) for _, _, item in chunk) - 1
         try:
-            logits, offset = model(input_ids=ids, attention_mask=mask, logits_to_keep=width - first).logits, first
+            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=ids.shape[1] - first).logits
+            offset = first
         except TypeError:
             logits, offset = model(input_ids=ids, attention_mask=mask).logits, 0
-        for row, (c, item) in enumerate(chunk):
-            yield c, item, logits[row, [p - 1 - offset for p in sorted(item.behavior)]].float()
+        yield [(group, c, item, logits[row, [p - 1 - offset for p in sorted(item.behavior)]].float())
+               for row, (group, c, item) in enumerate(chunk)]
 
-    chunk: list = []
-    for c, item in items:
-        width = max([len(item.input_ids)] + [len(i.input_ids) for _, i in chunk])
-        if chunk and (len(chunk) + 1) * width * vocab > REPLAY_LOGITS_BUDGET:
-            yield from run(chunk)
-            chunk = []
-        chunk.append((c, item))
-    if chunk:
-        yield from run(chunk)
+
+def _forward_batches(plan, encoded_groups) -> list[list]:
+    """The replayable (group, completion index, item) entries, a group a batch, or for a small
+    model as many whole groups as fit REPLAY_BATCH_TOKENS."""
+    groups = [[(group, c, item) for c, item in enumerate(group.completions)
+               if item.provenance is not None and item.behavior] for group in encoded_groups]
+    groups = [g for g in groups if g]
+    if plan is None or not plan.small:
+        return groups
+    batches = _chunks(groups, REPLAY_BATCH_TOKENS,
+                      lambda g: len(g) * max(len(item.input_ids) for _, _, item in g))
+    return [[entry for g in batch for entry in g] for batch in batches]
+
+
+def _sampling_params(record: dict):
+    from gpu_runtime.sampling import SamplingParams
+
+    s = dict(record["sampling"])
+    s.pop("thinking_budget", None)
+    return SamplingParams(**{**s, "stop": tuple(s["stop"])})
+
+
+def _penalised(rows, item, params, device):
+    """A penalised request's logits rows as the sampler saw them: penalties over the prompt and
+    the completion so far, position by position."""
+    import torch
+
+    from gpu_runtime.sampling import PenaltyState, apply_penalties
+
+    prompt_count = item.provenance["prompt_token_count"]
+    state = PenaltyState(item.input_ids[:prompt_count], rows.shape[-1], device)
+    penalised, cursor = [], prompt_count
+    for k, p in enumerate(sorted(item.behavior)):
+        while cursor < p:
+            state.add(item.input_ids[cursor])
+            cursor += 1
+        penalised.append(apply_penalties(rows[k], params, state))
+    return torch.stack(penalised)
 
 
 def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: str) -> dict[str, Any]:
     """Recompute each recorded completion's sampled-token log-probs with the trainer's initial
     policy (base + warm-start adapter = the behavior policy) under the recorded sampling controls,
     and raise `recorded_provenance_drift` (drift `sampling`) where they do not match the record.
-    Returns evidence for the receipt. Call under torch.no_grad with the model on its device."""
+    Returns evidence for the receipt. Call under torch.no_grad with the model on its device.
+
+    The forward is the lean one the trainer uses (`gpu_runtime.lean_decoder`) where the model has
+    its shape, else the transformers forward; a group runs as one batch (a small model's groups
+    several to a batch), and the distributions of a chunk's positions are computed together (each
+    row under its own completion's controls)."""
     import torch
 
-    from gpu_runtime.sampling import PenaltyState, SamplingParams, apply_penalties, behavior_logprobs
+    from gpu_runtime import lean_decoder
+    from gpu_runtime.sampling import behavior_logprobs
 
     device = next(model.parameters()).device
     float32 = next(model.parameters()).dtype == torch.float32
+    try:
+        plan = lean_decoder.plan_for(model)
+    except lean_decoder.LeanUnsupported:
+        plan = None
     checked, worst = 0, 0.0
-    for group in encoded_groups:
-        replayable = [(c, item) for c, item in enumerate(group.completions)
-                      if item.provenance is not None and item.behavior]
-        for c, item, rows in _replayed_rows(model, replayable, device):
-            record = item.provenance
-            s = dict(record["sampling"])
-            s.pop("thinking_budget", None)
-            params = SamplingParams(**{**s, "stop": tuple(s["stop"])})
-            positions = sorted(item.behavior)
-            if params.uses_penalties:
-                prompt_count = record["prompt_token_count"]
-                state = PenaltyState(item.input_ids[:prompt_count], rows.shape[-1], device)
-                penalised, cursor = [], prompt_count
-                for k, p in enumerate(positions):
-                    while cursor < p:
-                        state.add(item.input_ids[cursor])
-                        cursor += 1
-                    penalised.append(apply_penalties(rows[k], params, state))
-                rows = torch.stack(penalised)
-            lp = behavior_logprobs(rows, [params] * len(positions))
-            replayed = lp.gather(
-                1, torch.tensor([[item.input_ids[p]] for p in positions], device=device)
-            ).squeeze(1)
-            recorded = torch.tensor([item.behavior[p] for p in positions], device=device, dtype=torch.float64)
-            diff = (replayed.double() - recorded).abs()
-            stat, bound = replay_tolerance(
-                record["behavior_policy"]["inference_config_sha256"], trainer_inference_sha256, float32
-            )
-            value = float(diff.max() if stat == "max_abs" else diff.mean())
-            if not math.isfinite(value) or value > bound:
-                raise RecordedProvenanceError(
-                    DRIFT,
-                    f"sampling controls drifted: the recorded behavior log-probs do not replay under the recorded "
-                    f"sampling controls ({stat} difference {value:.4g} > {bound:g}); temperature, top_k, top_p, "
-                    "min_p or a penalty was edited, or the behavior model differs",
-                    group_index=group.index,
-                    completion_index=c,
-                    drift="sampling",
+    for batch in _forward_batches(plan, encoded_groups):
+        chunks = (_lean_chunks(plan, batch, device) if plan is not None
+                  else _transformers_chunks(model, batch, device))
+        for entries in chunks:
+            rows, params, targets, recorded = [], [], [], []
+            for _, _, item, item_rows in entries:
+                item_params = _sampling_params(item.provenance)
+                if item_params.uses_penalties:
+                    item_rows = _penalised(item_rows, item, item_params, device)
+                positions = sorted(item.behavior)
+                rows.append(item_rows)
+                params += [item_params] * len(positions)
+                targets += [item.input_ids[p] for p in positions]
+                recorded += [item.behavior[p] for p in positions]
+            lp = behavior_logprobs(torch.cat(rows), params)
+            replayed = lp.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1)
+            diffs = (replayed.double() - torch.tensor(recorded, device=device, dtype=torch.float64)).abs()
+            offset = 0
+            for group, c, item, _ in entries:
+                n = len(item.behavior)
+                diff = diffs[offset : offset + n]
+                offset += n
+                stat, bound = replay_tolerance(
+                    item.provenance["behavior_policy"]["inference_config_sha256"], trainer_inference_sha256, float32
                 )
-            checked += len(positions)
-            worst = max(worst, float(diff.max()))
+                value = float(diff.max() if stat == "max_abs" else diff.mean())
+                if not math.isfinite(value) or value > bound:
+                    raise RecordedProvenanceError(
+                        DRIFT,
+                        f"sampling controls drifted: the recorded behavior log-probs do not replay under the "
+                        f"recorded sampling controls ({stat} difference {value:.4g} > {bound:g}); temperature, "
+                        "top_k, top_p, min_p or a penalty was edited, or the behavior model differs",
+                        group_index=group.index,
+                        completion_index=c,
+                        drift="sampling",
+                    )
+            checked += len(targets)
+            worst = max(worst, float(diffs.max()))
     return {"checked_tokens": checked, "max_abs_logprob_difference": worst}

@@ -149,12 +149,9 @@ class GroupStepper:
 
     def _prefix(self, ids: torch.Tensor, lengths: list[int]) -> int:
         """Tokens every row shares at the start (0 when prefix sharing is off or impossible)."""
-        if not self.config.shared_prefix_reference or ids.shape[0] < 2:
+        if not self.config.shared_prefix_reference:
             return 0
-        same = (ids == ids[:1]).all(dim=0)
-        differs = (~same).nonzero()
-        shared = int(differs[0]) if len(differs) else ids.shape[1]
-        return min(shared, min(lengths))
+        return lean_decoder.shared_prefix(ids, lengths)
 
     def _time(self, key: str, started: float) -> None:
         if self.device.type == "cuda":

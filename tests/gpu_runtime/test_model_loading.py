@@ -130,3 +130,31 @@ def test_load_errors_have_stable_codes(tmp_path, model_copy):
     shutil.copytree(model_copy, bad_tokenizer)
     (bad_tokenizer / "tokenizer.json").write_text("{broken")
     assert _code(bad_tokenizer) == "tokenizer_load_failed"
+
+
+def test_rendered_prompts_are_remembered_but_never_shared(loaded):
+    """A GRPO group renders one prompt many times: later renders come from memory, equal to a fresh
+    render, and a caller that changes its ids cannot change what the next caller gets."""
+    from gpu_runtime.model_loading import render_prompt
+
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    first_text, first_ids = loaded.render_prompt(messages, enable_thinking=False)
+    first_ids.append(-1)
+    text, ids = loaded.render_prompt(messages, enable_thinking=False)
+    assert (text, ids) == render_prompt(loaded.tokenizer, messages, enable_thinking=False)
+    assert ids[-1] != -1 and text == first_text
+    thinking_text, _ = loaded.render_prompt(messages, enable_thinking=True)
+    assert thinking_text != text  # the call's arguments are part of what is remembered
+
+
+def test_a_template_that_reads_the_clock_is_rendered_every_time(loaded, monkeypatch):
+    from gpu_runtime import model_loading
+
+    template = loaded.tokenizer.chat_template
+    monkeypatch.setattr(loaded.tokenizer, "chat_template", template + "{# strftime_now #}")
+    calls = []
+    real = model_loading.render_prompt
+    monkeypatch.setattr(model_loading, "render_prompt", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for _ in range(2):
+        loaded.render_prompt([{"role": "user", "content": "What day is it?"}], enable_thinking=False)
+    assert len(calls) == 2

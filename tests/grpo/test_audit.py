@@ -117,3 +117,23 @@ def test_recorded_provenance_groups_behavior_sources():
     assert block["behavior_source_manifest_sha256"] == json_digest(
         {"schema": "kiln.grpo-behavior-source-manifest.v1", "sources": block["behavior_sources"]}
     )
+
+
+def test_remembered_behavior_source_digests_are_always_the_canonical_ones():
+    """Digests are remembered by the identity's plain JSON: every call still equals the canonical
+    digest of what it was given, for values that print alike in one JSON and not in the other."""
+    def canonical(record):
+        return json_digest({"schema": "kiln.grpo-behavior-source.v1",
+                            **{k: record.get(k) for k in ("behavior_policy", "tokenizer", "template_invocation",
+                                                           "sampling", "generation_backend")}})
+
+    variants = [{"temperature": 1}, {"temperature": 1.0}, {"temperature": True}, {"temperature": 0.9},
+                {"temperature": 0.9, "top_k": 0}]
+    for _ in range(2):  # the second pass is served from memory
+        digests = []
+        for sampling in variants:
+            record = {**provenance(), "sampling": sampling}
+            assert behavior_source_sha256(record) == canonical(record)
+            digests.append(behavior_source_sha256(record))
+    assert digests[0] == digests[1] != digests[2]  # RFC 8785 writes 1 and 1.0 alike; true is not 1
+    assert len(set(digests[2:])) == 3
