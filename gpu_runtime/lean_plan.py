@@ -123,12 +123,6 @@ class Plan:
     scaling: float
     intermediate: int
 
-    @property
-    def small(self) -> bool:
-        """A model small enough to have its projections stacked: per-call overhead outweighs its
-        arithmetic, so callers batch more rows per forward even at the cost of repeated tokens."""
-        return self.layers[0].qkv.weight is not None
-
 
 def _causal_lm(model) -> nn.Module:
     """The transformers CausalLM inside `model` (itself, or the one a PeftModel wraps)."""

@@ -48,7 +48,7 @@ class LoadedModel:
     served_model_id: str
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     # Recent renders by their inputs' JSON: a GRPO group sends one prompt with many seeds.
-    _rendered: dict = field(default_factory=dict, repr=False, compare=False)
+    _rendered: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def render_prompt(
         self,

@@ -164,10 +164,6 @@ def replay_tolerance(
 # the vocabulary projection in chunks of whole completions that fit (a long one alone), so a large
 # vocabulary cannot run out of memory.
 REPLAY_LOGITS_BUDGET = 2**28
-# Small models replay several groups in one forward (rows x width tokens at most): their forwards
-# cost per call, not per token, so repeating each group's prompt is cheaper than one call a group.
-REPLAY_BATCH_TOKENS = 16384
-
 
 def _chunks(items: list, size: int, size_of) -> list[list]:
     """`items` split, in order, so that each chunk's total `size_of` stays within `size` (an item
@@ -199,9 +195,9 @@ def _batch_ids(entries: list, device):
 
 def _lean_chunks(plan, entries: list, device):
     """Per chunk, [(group, completion index, item, float logits at its sampled positions'
-    predecessors)], on the lean forward: one group's shared prompt once and its completions
-    against the prompt's keys and values (the trainer's own layout), or, for a small model,
-    several groups' rows in one plain forward; only the sampled positions are projected."""
+    predecessors)] of one group, on the lean forward: the group's shared prompt once and its
+    completions against the prompt's keys and values (the trainer's own layout); only the sampled
+    positions are projected."""
     import torch
 
     from gpu_runtime import lean_decoder
@@ -209,9 +205,7 @@ def _lean_chunks(plan, entries: list, device):
     ids, _ = _batch_ids(entries, device)
     lengths = [len(item.input_ids) for _, _, item in entries]
     first = min(min(item.behavior) for _, _, item in entries)
-    one_group = len({id(group) for group, _, _ in entries}) == 1
-    prefix = lean_decoder.shared_prefix(ids, lengths) if one_group else 0
-    hidden = lean_decoder.predicting_hidden(plan, ids, first, prefix=prefix)
+    hidden = lean_decoder.predicting_hidden(plan, ids, first, prefix=lean_decoder.shared_prefix(ids, lengths))
     vocab = plan.lm_head.shape[0]
     for chunk in _chunks(list(enumerate(entries)), REPLAY_LOGITS_BUDGET, lambda e: len(e[1][2].behavior) * vocab):
         rows, columns = [], []
@@ -248,17 +242,11 @@ def _transformers_chunks(model, entries: list, device):
                for row, (group, c, item) in enumerate(chunk)]
 
 
-def _forward_batches(plan, encoded_groups) -> list[list]:
-    """The replayable (group, completion index, item) entries, a group a batch, or for a small
-    model as many whole groups as fit REPLAY_BATCH_TOKENS."""
+def _replayable(encoded_groups) -> list[list]:
+    """Per group with any, its replayable (group, completion index, item) entries: one forward each."""
     groups = [[(group, c, item) for c, item in enumerate(group.completions)
                if item.provenance is not None and item.behavior] for group in encoded_groups]
-    groups = [g for g in groups if g]
-    if plan is None or not plan.small:
-        return groups
-    batches = _chunks(groups, REPLAY_BATCH_TOKENS,
-                      lambda g: len(g) * max(len(item.input_ids) for _, _, item in g))
-    return [[entry for g in batch for entry in g] for batch in batches]
+    return [g for g in groups if g]
 
 
 def _sampling_params(record: dict):
@@ -294,9 +282,8 @@ def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: st
     Returns evidence for the receipt. Call under torch.no_grad with the model on its device.
 
     The forward is the lean one the trainer uses (`gpu_runtime.lean_decoder`) where the model has
-    its shape, else the transformers forward; a group runs as one batch (a small model's groups
-    several to a batch), and the distributions of a chunk's positions are computed together (each
-    row under its own completion's controls)."""
+    its shape, else the transformers forward; a group runs as one batch, and the distributions of a
+    chunk's positions are computed together (each row under its own completion's controls)."""
     import torch
 
     from gpu_runtime import lean_decoder
@@ -309,7 +296,7 @@ def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: st
     except lean_decoder.LeanUnsupported:
         plan = None
     checked, worst = 0, 0.0
-    for batch in _forward_batches(plan, encoded_groups):
+    for batch in _replayable(encoded_groups):
         chunks = (_lean_chunks(plan, batch, device) if plan is not None
                   else _transformers_chunks(model, batch, device))
         for entries in chunks:

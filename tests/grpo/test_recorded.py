@@ -203,14 +203,14 @@ def test_the_replay_batched_per_group_matches_one_completion_at_a_time(recorded,
 
 def test_the_replay_gives_the_same_evidence_on_every_forward_layout(recorded, tiny_model_dir, tmp_path,
                                                                     one_thread, monkeypatch):
-    """The tiny model replays both groups in one plain forward; a group at a time (its prompt shared)
-    and the transformers forward (a model the lean forward does not cover) check the same tokens and
-    replay them to the recorded log-probs as closely."""
+    """The lean forward (a group at a time, its prompt shared) and the transformers forward (a model
+    the lean forward does not cover) check the same tokens and replay them to the recorded log-probs
+    as closely."""
     from gpu_runtime import lean_decoder
     from gpu_runtime.grpo import recorded as replay
 
     _, groups = recorded
-    layouts = {"batched groups": {}, "a group at a time": {"REPLAY_BATCH_TOKENS": 1}, "transformers": {}}
+    layouts = {"lean": {}, "lean, a completion a chunk": {"REPLAY_LOGITS_BUDGET": 1}, "transformers": {}}
     receipts = {}
     for name, settings in layouts.items():
         with monkeypatch.context() as patch:
@@ -222,8 +222,6 @@ def test_the_replay_gives_the_same_evidence_on_every_forward_layout(recorded, ti
                 patch.setattr(lean_decoder, "plan_for", unsupported)
                 with pytest.raises(lean_decoder.LeanUnsupported):
                     lean_decoder.plan_for(None)
-            else:
-                assert lean_decoder.plan_for(recorded[0].model).small  # the tiny model batches groups
             result = run(train_request(tiny_model_dir, groups[:2], tmp_path / name.replace(" ", "-"), "rec",
                                        behavior_policy="recorded", dynamic_sampling=False))
         receipts[name] = result.receipt["recorded_behavior_replay"]
@@ -234,8 +232,9 @@ def test_the_replay_gives_the_same_evidence_on_every_forward_layout(recorded, ti
     assert all(r["max_abs_logprob_difference"] < 1e-4 for r in receipts.values()), receipts
 
 
-def test_a_drift_in_a_batch_of_groups_names_its_own_group(recorded, tiny_model_dir, tmp_path, one_thread):
-    """Both groups replay in one forward; the edited completion is still the one named."""
+def test_a_replay_drift_names_the_first_completion_of_the_edited_group(recorded, tiny_model_dir, tmp_path,
+                                                                       one_thread):
+    """A chunk's positions are checked in one pass; the first drifted completion is still the one named."""
     _, groups = recorded
     edited = copy.deepcopy(groups)
     for completion in edited[1]["completions"]:
