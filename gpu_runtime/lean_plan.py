@@ -49,7 +49,7 @@ class Projection:
         out_dtype = y.dtype
         for a, b, b_bias, scaling in self.loras:
             xa = x if x.dtype == a.dtype else x.to(a.dtype)  # peft casts the input to the LoRA dtype
-            y = y + F.linear(F.linear(xa, a), b, b_bias) * scaling
+            y = _add_lora(y, F.linear(xa, a), b, b_bias, scaling)
         return y.to(out_dtype)
 
 
@@ -93,8 +93,17 @@ class Stacked:
             a = torch.cat([part.loras[index][0] for part in self.parts])
             b = torch.block_diag(*[part.loras[index][1] for part in self.parts])
             xa = x if x.dtype == a.dtype else x.to(a.dtype)
-            y = y + F.linear(F.linear(xa, a), b) * scaling
+            y = _add_lora(y, F.linear(xa, a), b, None, scaling)
         return y.to(out_dtype)
+
+
+def _add_lora(y: Tensor, xa: Tensor, b: Tensor, b_bias: Tensor | None, scaling: float) -> Tensor:
+    """y + scaling * (xa @ b.T + b_bias): one addmm (product, scale and sum in one kernel, forward
+    and backward) where the shapes and dtypes allow, else the three separate ops."""
+    if b_bias is None and y.dtype == xa.dtype == b.dtype:
+        out = torch.addmm(y.reshape(-1, y.shape[-1]), xa.reshape(-1, xa.shape[-1]), b.t(), alpha=scaling)
+        return out.view(y.shape)
+    return y + F.linear(xa, b, b_bias) * scaling
 
 
 @dataclass(frozen=True)

@@ -291,8 +291,8 @@ def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: st
 
     device = next(model.parameters()).device
     float32 = next(model.parameters()).dtype == torch.float32
-    try:
-        plan = lean_decoder.plan_for(model)
+    try:  # LoRA folded into the weights where the model is small, as the sampler serves it
+        plan = lean_decoder.plan_for(model, merge_lora=True)
     except lean_decoder.LeanUnsupported:
         plan = None
     checked, worst = 0, 0.0
