@@ -155,6 +155,10 @@ def _mutations():
         "bad backend text": put(("generation_backend",), " torch "),
         "negative seed": put(("seed",), -1),
         "bool as integer": put(("sampling", "top_k"), True),
+        "bool as a prompt token": put(("input_token_ids", 0), True),
+        "prompt token above 32 bits": put(("input_token_ids", 1), 1 << 32),
+        "negative prompt token": put(("input_token_ids", 1), -1),
+        "float prompt token": put(("input_token_ids", 1), 3.0),
         "top_p above one": put(("sampling", "top_p"), 1.5),
         "zero max_tokens": put(("sampling", "max_tokens"), 0),
         "empty stop": put(("sampling", "stop"), [""]),
@@ -169,6 +173,13 @@ def test_invalid_records_are_rejected(record, name):
     broken = copy.deepcopy(record)
     _mutations()[name](broken)
     with pytest.raises(ProvenanceError):
+        validate_rollout_provenance(broken)
+
+
+def test_a_bad_token_id_is_named(record):
+    broken = copy.deepcopy(record)
+    broken["input_token_ids"][2] = "7"
+    with pytest.raises(ProvenanceError, match=r"input_token_ids\[\] must be an unsigned 32-bit integer"):
         validate_rollout_provenance(broken)
 
 
