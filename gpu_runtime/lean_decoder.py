@@ -129,7 +129,9 @@ def _layer(plan: Plan, layer: LayerPlan, h: Tensor, cos, sin, how: Attention, pa
     qk = _rotate(qk.transpose(1, 2), cos, sin)
     q, k = qk[:, :heads], qk[:, heads:]
     v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
-    if past is not None:
+    if hasattr(past, "append"):  # a sampler's cache layer (kv_cache.KVLayer): appended in place
+        k, v = past.append(k, v)
+    elif past is not None:
         past_k, past_v = past
         if past_k.shape[0] != batch:
             past_k, past_v = past_k.expand(batch, -1, -1, -1), past_v.expand(batch, -1, -1, -1)
@@ -151,6 +153,7 @@ def forward(
     positions: Tensor | None = None,
     mask: Tensor | None = None,
     past: list[tuple[Tensor, Tensor]] | None = None,
+    cache=None,
     checkpoint_segments: int = 0,
 ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
     """Hidden states (B, T, H) before the final norm, and each layer's full keys/values.
@@ -162,9 +165,14 @@ def forward(
     - `positions` (B or 1, T) rotary positions; default past length + arange(T).
     - `past`: per layer (keys, values) of shape (1 or B, kv_heads, P, head_dim); a batch of 1 is
       shared by every row (a group's prompt).
+    - `cache`: instead of `past`, a `kv_cache.LeanCache` (B rows) that takes this call's keys and
+      values (inference only); the keys/values returned are views of its buffers.
     - `checkpoint_segments` > 0 recomputes activations in that many layer segments on backward.
     """
-    past_length = 0 if past is None else past[0][0].shape[2]
+    if cache is not None:
+        past_length, past = cache.length, cache.layers
+    else:
+        past_length = 0 if past is None else past[0][0].shape[2]
     if positions is None:
         positions = torch.arange(past_length, past_length + ids.shape[1], device=ids.device)[None]
     h = F.embedding(ids, plan.embed)

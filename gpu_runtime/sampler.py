@@ -301,10 +301,9 @@ class Sampler:
             )
             if isinstance(cohort.cache, kv_cache.LeanCache):
                 plan = self._plan(cohort.key)
-                hidden, kv = lean_decoder.forward(
-                    plan, ids, positions=positions, mask=mask.bool()[:, None, None, :], past=cohort.cache.past()
+                hidden, _ = lean_decoder.forward(
+                    plan, ids, positions=positions, mask=mask.bool()[:, None, None, :], cache=cohort.cache
                 )
-                cohort.cache.replace(kv)
                 logits = lean_decoder.lm_logits(plan, hidden[:, -1, :])
             else:
                 out = self._model(

@@ -65,6 +65,18 @@ def test_logprobs_match_a_full_forward_pass_at_temperature_one(sampler, full_for
             )
 
 
+def test_a_long_completion_in_a_changing_batch_keeps_its_logprobs(sampler, full_forward):
+    """Decoding writes each step's keys and values into the cache's spare columns (a buffer that
+    doubles when full) while shorter neighbours finish and leave the batch: the long completion's
+    log-probs still equal those of one full forward over its tokens."""
+    params = SamplingParams(max_tokens=120)
+    short = [ask("Hello!", thinking=False, seed=s, max_tokens=3 + 7 * s, ignore_eos=True) for s in range(4)]
+    results = sampler.generate([short[0], ask(seed=5, max_tokens=120, ignore_eos=True), *short[1:]])
+    assert [len(r.completion_token_ids) for r in results] == [3, 120, 10, 17, 24]
+    long_one = results[1]
+    assert reference_logprobs(long_one, params, full_forward) == pytest.approx(long_one.token_logprobs, abs=1e-4)
+
+
 def test_logprobs_are_those_of_the_processed_distribution(sampler, full_forward):
     controls = dict(
         temperature=0.7,
