@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     # 96 prompts x 8 = 768 samples a round: Kiln's accuracy is measured on the same grid as TRL's
     # (every 24 steps x 4 prompts x 8), so neither side is charged for a coarser measurement.
     parser.add_argument("--prompts", type=int, default=96, help="Kiln: TRAIN prompts per round")
-    parser.add_argument("--max-rounds", type=int, default=40, help="Kiln: at most this many rounds (the budget stops first)")
+    parser.add_argument("--max-rounds", type=int, default=100, help="Kiln: at most this many rounds (the budget stops first)")
     parser.add_argument("--prompts-per-step", type=int, default=4, help="TRL: prompts per optimizer step")
     parser.add_argument("--trl-eval-every", type=int, default=24, help="TRL: steps between held-out measurements")
     parser.add_argument("--group", type=int, default=8)
