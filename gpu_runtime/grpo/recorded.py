@@ -165,6 +165,7 @@ def replay_tolerance(
 # vocabulary cannot run out of memory.
 REPLAY_LOGITS_BUDGET = 2**28
 
+
 def _chunks(items: list, size: int, size_of) -> list[list]:
     """`items` split, in order, so that each chunk's total `size_of` stays within `size` (an item
     larger than that alone)."""
