@@ -63,8 +63,9 @@ class LoadedModel:
         call = dict(enable_thinking=enable_thinking, add_generation_prompt=add_generation_prompt, tools=tools,
                     template_kwargs=template_kwargs)
         key = _render_key(self.tokenizer, messages, call)
-        if key is not None and key in self._rendered:
-            text, ids = self._rendered[key]
+        remembered = self._rendered.get(key) if key is not None else None  # one lookup: another thread may clear
+        if remembered is not None:
+            text, ids = remembered
             return text, list(ids)
         text, ids = render_prompt(self.tokenizer, messages, **call)
         if key is not None:

@@ -97,6 +97,14 @@ def _settled(api, job_id: str, timeout: float = 600) -> dict:
     return wait_until(done, timeout, interval=1.0, what=f"training {job_id} and its post-eval")
 
 
+def _evidence(detail: dict) -> list[dict]:
+    """The gate's evidence rows; when there are none, the failure says what the post-eval did."""
+    evidence = detail["post_eval_gate_evidence"]
+    assert evidence, ("no gate evidence", detail.get("states"), detail.get("post_eval_verdict"),
+                      detail.get("linked_eval_job_ids"))
+    return evidence
+
+
 def _adapter(api, name: str) -> dict:
     return api.get(f"/v1/adapters/{name}").json()
 
@@ -114,7 +122,7 @@ def test_the_gate_promotes_a_good_round_and_holds_back_a_broken_one(loop):
     good = _settled(api, _train(api, {"groups": _groups(8, inverted=False, seed=2),
                                       "config": _config("sums-good", lr=1e-5), "post_eval": POST_EVAL}))
     assert good["state"] == "completed", good.get("error")
-    [evidence] = good["post_eval_gate_evidence"]
+    [evidence] = _evidence(good)
     assert evidence["policy_version"] == "paired_wilson_v1"
     assert evidence["baseline_adapter"] == "sums-broken" and evidence["candidate_adapter"] == "sums-good"
     assert evidence["paired_examples"] == SUITE_SIZE
@@ -136,7 +144,7 @@ def test_the_gate_promotes_a_good_round_and_holds_back_a_broken_one(loop):
     regressed = _settled(api, _train(api, {"groups": _groups(48, inverted=True, seed=3),
                                            "config": _config("sums-broken2", lr=2e-3), "post_eval": POST_EVAL}))
     assert regressed["state"] == "completed", regressed.get("error")
-    [evidence] = regressed["post_eval_gate_evidence"]
+    [evidence] = _evidence(regressed)
     assert evidence["baseline_adapter"] == "sums-good"  # the adapter active before this training
     print("broken2:", regressed["post_eval_verdict"])
     assert regressed["gate_outcome"] in ("regression", "demoted"), evidence
