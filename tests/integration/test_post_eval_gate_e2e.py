@@ -92,7 +92,9 @@ def _settled(api, job_id: str, timeout: float = 600) -> dict:
         if detail["state"] not in TERMINAL:
             return None
         evaluation = (detail.get("states") or {}).get("evaluation")
-        return detail if evaluation is None or evaluation["state"] in TERMINAL else None
+        if evaluation is None:  # a completed round that asked for a post-eval must show it
+            return None if detail["state"] == "completed" and detail.get("post_eval") else detail
+        return detail if evaluation["state"] in TERMINAL else None
 
     return wait_until(done, timeout, interval=1.0, what=f"training {job_id} and its post-eval")
 
