@@ -43,6 +43,7 @@ import pytest
 
 from evaluations.statistics import sign_test
 from tests.integration.test_post_eval_gate_e2e import gated_stack
+from tests.support.stack import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.learning]
 
@@ -103,7 +104,9 @@ def test_kiln_openenv_train_raises_held_out_return_and_the_gate_holds_back_a_wor
     assert evidence["decision"] == "passed" and evaluation["outcome"] == "promoted", evaluation["verdict"]
     assert evidence["mean_return_improvement"] >= 0.3
     assert "env eval passed" in output and "promoted" in output
-    assert api.get("/v1/adapters/counter-agent").json()["loaded"] is True
+    # "promoted" queues the activation: its serving canary runs on the GPU worker, then the adapter serves.
+    wait_until(lambda: api.get("/v1/adapters/counter-agent").json()["loaded"], 120, interval=0.5,
+               what="the promoted adapter to pass its canary and serve")
 
     code, output = _train(stack, token, server, tmp_path, name="counter-worse", config=WORSE)
     print(output)

@@ -96,6 +96,8 @@ def test_a_train_run_from_the_form_learns_the_environment_and_its_gate_promotes_
                     evidence["exact_sign_test_p_value"], rel=1e-6)
             finally:
                 browser.close()
-        assert api.get("/v1/adapters/counter-agent-ui").json()["loaded"] is True
+        # "promoted" queues the activation: its serving canary runs on the GPU worker, then it serves.
+        wait_until(lambda: api.get("/v1/adapters/counter-agent-ui").json()["loaded"], 120, interval=0.5,
+                   what="the promoted adapter to pass its canary and serve")
     finally:
         server.stop()
