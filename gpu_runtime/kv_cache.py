@@ -1,6 +1,8 @@
-"""Row surgery on a Hugging Face DynamicCache for continuous batching. Imports no Django.
+"""The sampler's KV caches and their row surgery for continuous batching. Imports no Django.
 
-A cohort of requests decodes together over one DynamicCache whose rows are left-padded to a
+`LeanCache` (the lean forward's cache: each layer's decode steps appended in place, see `KVLayer`)
+or a Hugging Face DynamicCache (the transformers forward's). A cohort of requests decodes together
+over one cache whose rows are left-padded to a
 common length; a 2-D attention mask (1 = real token) says which columns each row may attend to,
 and explicit position ids keep each row's rotary positions independent of its padding. These
 helpers add rows (a freshly prefilled request), drop rows (finished requests) and drop leading
@@ -76,9 +78,6 @@ class LeanCache:
     @property
     def length(self) -> int:
         return self.layers[0].length
-
-    def past(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(layer.keys, layer.values) for layer in self.layers]
 
 
 def check_supported(cache: DynamicCache) -> None:
