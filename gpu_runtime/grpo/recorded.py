@@ -276,6 +276,29 @@ def _penalised(rows, item, params, device):
     return torch.stack(penalised)
 
 
+def behavior_is_reference(group, trainer_inference_sha256: str) -> bool:
+    """Whether a group's recorded behavior log-probs are already its KL reference's log-probs, so
+    the reference forward would only recompute them. The caller checks the run's side (training
+    starts from the base model, the reference is the base model, float32 weights); this checks each
+    completion: sampled from the base model itself (no adapter), at temperature 1 with no filter or
+    penalty (the distribution drawn from is the model's own), under the trainer's inference
+    configuration (so the records match a recomputation within float rounding: what the replay's
+    tight tolerance checks), and every trained token was sampled (each carries a record)."""
+    for item in group.completions:
+        record = item.provenance
+        if record is None or not item.behavior or set(item.behavior) != set(item.action_positions):
+            return False
+        policy, s = record["behavior_policy"], record["sampling"]
+        if policy.get("adapter") is not None or policy["inference_config_sha256"] != trainer_inference_sha256:
+            return False
+        plain = (s["temperature"] == 1.0 and s["top_k"] == 0 and s["top_p"] == 1.0 and s["min_p"] == 0.0
+                 and s["repetition_penalty"] == 1.0 and s["presence_penalty"] == 0.0
+                 and s["frequency_penalty"] == 0.0)
+        if not plain:
+            return False
+    return True
+
+
 def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: str) -> dict[str, Any]:
     """Recompute each recorded completion's sampled-token log-probs with the trainer's initial
     policy (base + warm-start adapter = the behavior policy) under the recorded sampling controls,

@@ -6,6 +6,9 @@ records (one per optimizer step: one for `token_level`, one per completion for `
 Reference log-probs (only when the KL term reaches the loss):
 - `base_per_step`: the base model, i.e. the PEFT model inside `disable_adapter()`;
 - `ema`: the LoRA snapshot swapped into the adapter tensors for the forward, then swapped back.
+No forward runs for a recorded group sampled from the base model itself at temperature 1 with no
+filter or penalty, when training starts from the base and the reference is the base: its recorded
+behavior log-probs are the reference's log-probs (a run's first round; receipts count such groups).
 With `shared_prefix_reference` the prompt runs once and the completions attend to its keys and
 values; where that capability is missing (no cache support, no shared prefix) the exact batched
 forward (the same computation as the policy forward) runs instead and the fallback is recorded.
@@ -31,6 +34,7 @@ from gpu_runtime.grpo.adapter_io import trainable_parameters
 from gpu_runtime.grpo.errors import TrainingError
 from gpu_runtime.grpo.flat_optim import FlatAdamW, FlatParameters, FlatSGD, flat_layout_supported
 from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss
+from gpu_runtime.grpo.recorded import behavior_is_reference
 from gpu_runtime.grpo.reference import shared_prefix_reference_logprobs
 from gpu_runtime.kernels import selection
 
@@ -120,7 +124,12 @@ class GroupStepper:
     fallbacks: list = field(default_factory=list)
     ema_snapshot: dict | None = None  # name -> tensor (kl_reference_policy ema)
     keep_logits: bool = True
-    reference_path: str | None = None  # "shared_prefix" | "batched" once chosen
+    reference_path: str | None = None  # "shared_prefix" | "batched" once a reference forward ran
+    # The trainer's inference-config digest when a group's recorded behavior log-probs may serve as
+    # its reference log-probs (recorded behavior, base-model reference, training from the base, float32);
+    # `recorded.behavior_is_reference` then decides group by group.
+    behavior_reference_sha256: str | None = None
+    reference_reused_groups: int = 0
     forward_path: str = "lean"  # or "transformers"
 
     def __post_init__(self) -> None:
@@ -204,8 +213,19 @@ class GroupStepper:
                     p.copy_(value)
 
     @torch.no_grad()
-    def reference_logprobs(self, tensors: GroupTensors) -> torch.Tensor:
+    def reference_logprobs(self, tensors: GroupTensors, group=None) -> torch.Tensor:
         started = time.perf_counter()
+        if (
+            group is not None
+            and self.behavior_reference_sha256 is not None
+            and behavior_is_reference(group, self.behavior_reference_sha256)
+        ):
+            # Sampled from the reference itself at temperature 1, unfiltered: the sampler already
+            # computed these log-probs, and a forward would recompute them to float rounding.
+            self.reference_reused_groups += 1
+            out = tensors.behavior * tensors.action_mask
+            self._time("reference_forward_ms", started)
+            return out
         prefix = self._prefix(tensors.ids, tensors.lengths)
         if self.config.shared_prefix_reference and prefix < 1:
             self._fallback("shared_prefix_reference", "batched_forward", "the group's sequences share no prefix")
@@ -248,7 +268,7 @@ class GroupStepper:
             recorded=config.behavior_policy == "recorded",
             with_env=config.loss.echo_enabled,
         )
-        reference = self.reference_logprobs(tensors) if config.kl_term_active else None
+        reference = self.reference_logprobs(tensors, group) if config.kl_term_active else None
         if config.loss_aggregation == "per_sample":
             rows = [[i] for i in range(len(tensors.lengths))]
         else:

@@ -283,7 +283,20 @@ class _Run(RunOutputs):
             timings=self.timings,
             fallbacks=self.fallbacks,
             ema_snapshot=ema,
+            behavior_reference_sha256=self._behavior_reference_sha256(),
         )
+
+    def _behavior_reference_sha256(self) -> str | None:
+        """The inference digest under which recorded behavior log-probs may stand in for the KL
+        reference's (see `GroupStepper`): only when the behavior policy is the reference itself."""
+        config = self.config
+        eligible = (
+            config.behavior_policy == "recorded"
+            and config.kl_reference_policy.kind == "base_per_step"
+            and self.request.base_adapter_dir is None
+            and next(self.peft.parameters()).dtype == torch.float32
+        )
+        return self.identity["inference_config_sha256"] if eligible else None
 
     def _pad_id(self) -> int:
         tok = self.tokenizer

@@ -243,3 +243,87 @@ def test_a_replay_drift_names_the_first_completion_of_the_edited_group(recorded,
         run(train_request(tiny_model_dir, edited, tmp_path, "drift", behavior_policy="recorded",
                           dynamic_sampling=False))
     assert (caught.value.drift, caught.value.group_index, caught.value.completion_index) == ("sampling", 1, 0)
+
+
+RECORDED_KL = {"behavior_policy": "recorded", "dynamic_sampling": False, "kl_coeff": 0.1, "kl_estimator": "k3"}
+
+
+def test_base_model_samples_at_temperature_one_are_their_own_kl_reference(recorded, tiny_model_dir, tmp_path,
+                                                                          one_thread, monkeypatch):
+    """Sampled from the base model at temperature 1, unfiltered, and trained from the base against
+    the base: the records already hold the reference's log-probs, so no reference forward runs, and
+    the losses and KL figures are those of a run whose reference forward does run."""
+    from gpu_runtime.grpo import step
+
+    _, groups = recorded
+    reused = run(train_request(tiny_model_dir, groups[:2], tmp_path / "reused", "rec", **RECORDED_KL))
+    monkeypatch.setattr(step, "behavior_is_reference", lambda group, sha: False)
+    computed = run(train_request(tiny_model_dir, groups[:2], tmp_path / "computed", "rec", **RECORDED_KL))
+    reused_path = reused.receipt["runtime"]["execution_provenance"]
+    computed_path = computed.receipt["runtime"]["execution_provenance"]
+    assert (reused_path["reference_path"], reused_path["reference_reused_groups"]) == ("recorded_behavior", 2)
+    assert (computed_path["reference_path"], computed_path["reference_reused_groups"]) == ("shared_prefix", 0)
+    pairs = list(zip(reused.receipt["loss_history"], computed.receipt["loss_history"], strict=True))
+    assert len(pairs) == 2
+    for a, b in pairs:
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["kl_estimator_mean"] == pytest.approx(b["kl_estimator_mean"], abs=1e-6)
+    # After one step the policy has moved: the KL the reused reference gives is not trivially 0.
+    assert pairs[1][0]["kl_estimator_mean"] > 1e-6
+
+
+def test_a_reference_that_is_not_the_behavior_policy_still_runs_its_forward(recorded, tiny_model_dir, tmp_path,
+                                                                            one_thread):
+    """An EMA reference is not the base model the records came from: its forward runs."""
+    _, groups = recorded
+    ema = run(train_request(tiny_model_dir, groups[:1], tmp_path / "ema", "rec",
+                            kl_reference_policy={"kind": "ema", "decay": 0.5, "refresh_every": 1}, **RECORDED_KL))
+    provenance = ema.receipt["runtime"]["execution_provenance"]
+    assert (provenance["reference_path"], provenance["reference_reused_groups"]) == ("shared_prefix", 0)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"temperature": 0.7},
+        {"top_k": 5},
+        {"top_p": 0.9},
+        {"min_p": 0.05},
+        {"repetition_penalty": 1.1},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5},
+        {"adapter": {"name": "a", "content_sha256": "0" * 64}},
+        {"inference_config_sha256": "f" * 64},
+        {"forced_last_token": True},
+    ],
+    ids=lambda edit: next(iter(edit)),
+)
+def test_only_plain_base_model_samples_stand_in_for_the_reference(recorded, edit):
+    """Filtered, tempered or penalised sampling draws from another distribution than the model's
+    own; an adapter's samples, or samples under another inference configuration, are not the
+    trainer's reference; a trained token without a record has nothing to reuse."""
+    from types import SimpleNamespace
+
+    from gpu_runtime.grpo.recorded import action_layout, behavior_is_reference
+
+    loaded, groups = recorded
+    sha = loaded.identity["inference_config_sha256"]
+
+    def encoded(record):
+        positions, behavior = action_layout(record)
+        return SimpleNamespace(provenance=record, behavior=behavior, action_positions=positions)
+
+    records = [copy.deepcopy(c["provenance"]) for c in groups[0]["completions"]]
+    assert behavior_is_reference(SimpleNamespace(completions=[encoded(r) for r in records]), sha)
+    edited = records[-1]
+    key, value = next(iter(edit.items()))
+    items = [encoded(r) for r in records]
+    if key == "adapter":
+        edited["behavior_policy"]["adapter"] = value
+    elif key == "inference_config_sha256":
+        edited["behavior_policy"]["inference_config_sha256"] = value
+    elif key == "forced_last_token":
+        items[-1].action_positions = items[-1].action_positions + [len(edited["input_token_ids"])]
+    else:
+        edited["sampling"][key] = value
+    assert not behavior_is_reference(SimpleNamespace(completions=items), sha)
