@@ -75,6 +75,11 @@ class KilnConfig:
     # [training.defaults] (or KILN_TRAINING_DEFAULTS, a JSON object, which replaces the table): GRPO
     # config fields every submission gets unless its request sets them (training.config_defaults).
     training_defaults: dict = field(default_factory=dict)
+    # [sampler] max_batch_size: the most sequences the GPU worker's sampler decodes in one step (its
+    # cohort). More rows a step amortise reading the weights (a CPU or a small model samples faster),
+    # at the cost of one KV cache row each: size it to the accelerator's memory and the longest
+    # completions served.
+    sampler_max_batch_size: int = 32
 
     @property
     def dataset_roots(self) -> tuple[Path, ...]:
@@ -233,6 +238,11 @@ def load_config(env: dict | None = None) -> KilnConfig:
                                                           "allow_self_approval", False)),
         **_promotion_bounds(env, promotion_toml),
         training_defaults=_training_defaults(env, training_toml),
+        sampler_max_batch_size=_parse_int(
+            "[sampler] max_batch_size",
+            env.get("KILN_SAMPLER_MAX_BATCH_SIZE") or toml.get("sampler", {}).get("max_batch_size", 32),
+            1,
+        ),
     )
 
 

@@ -49,10 +49,12 @@ class ModelHost:
             set_worker_status(model={"loaded": False, "code": exc.code, "error": exc.message})
             log.warning("model not loaded: %s", exc)
         else:
-            self.sampler = Sampler(self.loaded, lambda name: adapter_published_path(name=name))
+            self.sampler = Sampler(self.loaded, lambda name: adapter_published_path(name=name),
+                                   max_batch_size=settings.KILN.sampler_max_batch_size)
             set_worker_status(model={"loaded": True, "served_model_id": self.loaded.served_model_id,
                                      "device": str(self.loaded.device), "dtype": str(self.loaded.dtype),
                                      "identity": self.loaded.identity,
+                                     "max_batch_size": self.sampler.max_batch_size,
                                      "kernels": self.sampler.kernels.to_record()})  # triton or torch, and why
             log.info("model %s loaded on %s", self.loaded.served_model_id, self.loaded.device)
         finally:

@@ -42,3 +42,7 @@ def test_quick_run_of_one_tiny_cell_prints_the_table(tmp_path, capsys):
     assert code == 0
     assert "tiny 2 4" in out and "generation" in out and "peak RSS MiB" in out
     assert "tokens trained   kiln 8" in out  # 1 prompt x 2 completions x 4 sampled tokens, all trained
+    # Sampled from the base model at temperature 1 and trained against it: the records are the reference.
+    assert "forward lean, reference recorded_behavior" in out
+    reference_row = next(line for line in out.splitlines() if "reference_forward" in line)
+    assert "%" not in reference_row  # no forward ran, so no share of the matmul peak

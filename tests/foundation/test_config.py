@@ -45,6 +45,7 @@ def test_tiny_model_in_home_is_the_embedded_default(tmp_path, monkeypatch):
         ({"KILN_PORT": "eighty"}, "port must be an integer"),
         ({"KILN_ALLOW_ANONYMOUS_API": "maybe"}, "must be true or false"),
         ({"KILN_MAX_QUEUED_JOBS": "0"}, "at least 1"),
+        ({"KILN_SAMPLER_MAX_BATCH_SIZE": "0"}, r"\[sampler\] max_batch_size must be at least 1"),
         ({"KILN_CONFIG": "/nonexistent/kiln.toml"}, "not a file"),
     ],
 )
@@ -100,3 +101,12 @@ def test_a_bad_openenv_credential_is_refused_by_name(tmp_path, monkeypatch, tabl
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=message):
         load_config({"KILN_HOME": str(tmp_path), "KILN_OPENENV_CREDENTIALS": json.dumps(table)})
+
+
+def test_sampler_cohort_size_from_toml_then_environment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_config({"KILN_HOME": str(tmp_path)}).sampler_max_batch_size == 32
+    (tmp_path / "kiln.toml").write_text("[sampler]\nmax_batch_size = 256\n")
+    assert load_config({"KILN_HOME": str(tmp_path)}).sampler_max_batch_size == 256
+    config = load_config({"KILN_HOME": str(tmp_path), "KILN_SAMPLER_MAX_BATCH_SIZE": "64"})
+    assert config.sampler_max_batch_size == 64 and config.public_dict()["sampler_max_batch_size"] == 64
