@@ -31,7 +31,9 @@ def settings_for(config) -> TokenLossSettings:
     )
 
 
-def fused_policy_and_kl(policy, mask, adv, behavior, reference, config, stats: dict) -> tuple[Tensor, Tensor]:
+def fused_policy_and_kl(
+    policy, mask, adv, behavior, reference, config, stats: dict, *, token_total: int | None = None
+) -> tuple[Tensor, Tensor]:
     if config.is_level not in ("token", "sequence", "cispo"):
         raise ValueError(f"unknown is_level {config.is_level!r}")
     settings = settings_for(config)
@@ -42,7 +44,8 @@ def fused_policy_and_kl(policy, mask, adv, behavior, reference, config, stats: d
         )
     source = policy.detach() if config.loss.no_policy_loss else policy
     policy_part, kl_part, rows = token_loss_parts(
-        source, mask, adv, settings, behavior=behavior, reference=reference, kl_mask=kl_mask
+        source, mask, adv, settings, behavior=behavior, reference=reference, kl_mask=kl_mask,
+        token_total=token_total,
     )
     stats.update(_stats(rows, config, reference is not None))
     if config.loss.no_policy_loss:

@@ -27,6 +27,7 @@ __all__ = [
     "gspo_surrogate",
     "importance_log_ratio",
     "kl_estimate",
+    "merge_step_stats",
     "token_surrogate",
 ]
 
@@ -42,6 +43,9 @@ class GrpoBatch:
     reference_logprobs: Tensor | None = None  # (B, T) log pi_ref; needed when KL is enabled
     env_mask: Tensor | None = None  # (B, T) bool: observation tokens ECHO trains on
     observation_lengths: Tensor | None = None  # (B,) |O|: observation tokens before warning trim
+    # token_level's divisor when this batch is one micro-batch of a step: the action tokens of the
+    # whole step (None: this batch's own), so micro-batch losses and gradients add up to the step's.
+    token_total: int | None = None
 
 
 def _only(values: Tensor | None, mask: Tensor) -> Tensor | None:
@@ -131,15 +135,16 @@ def entropy_kl_mask(policy: Tensor, mask: Tensor, quantile: float | None) -> Ten
     return keep
 
 
-def aggregate(per_token: Tensor, mask: Tensor, mode: str) -> Tensor:
+def aggregate(per_token: Tensor, mask: Tensor, mode: str, token_total: int | None = None) -> Tensor:
     """Per-completion contributions (B,) of a per-token loss.
 
-    token_level (DAPO): sum over every active token of the batch / total active tokens; the
-    contributions sum to the batch loss. per_sample: the mean over each completion's tokens.
+    token_level (DAPO): sum over every active token of the batch / total active tokens (of the
+    whole step, `token_total`, when the batch is one micro-batch of it); the contributions sum to
+    the batch loss. per_sample: the mean over each completion's tokens.
     """
     sums = _only(per_token, mask).sum(dim=1)
     if mode == "token_level":
-        return sums / max(int(mask.sum()), 1)
+        return sums / max(int(mask.sum()) if token_total is None else token_total, 1)
     if mode == "per_sample":
         return sums / mask.sum(dim=1).clamp(min=1).to(per_token.dtype)
     raise ValueError(f"unknown loss_aggregation {mode!r}")
@@ -172,6 +177,7 @@ def _on_policy_device(batch: GrpoBatch) -> GrpoBatch:
         reference_logprobs=move(batch.reference_logprobs),
         env_mask=None if env_mask is None else env_mask.bool(),
         observation_lengths=move(batch.observation_lengths),
+        token_total=batch.token_total,
     )
 
 
@@ -206,7 +212,9 @@ def _check_batch(batch: GrpoBatch, config) -> None:
             raise ValueError("ECHO needs observation_lengths (|O| per completion)")
 
 
-def _policy_and_kl(policy, log_ratio, mask, adv, reference, config, stats: dict) -> tuple[Tensor, Tensor]:
+def _policy_and_kl(
+    policy, log_ratio, mask, adv, reference, config, stats: dict, token_total: int | None = None
+) -> tuple[Tensor, Tensor]:
     """The (B,) policy and KL parts of the loss (torch path); fills the surrogate and KL stats."""
     eps_low, eps_high = config.clip_bounds
     if config.is_level == "token":
@@ -243,8 +251,8 @@ def _policy_and_kl(policy, log_ratio, mask, adv, reference, config, stats: dict)
     if config.loss.no_policy_loss:
         policy_part, kl_part = zero, zero
     else:
-        policy_part = aggregate(surrogate, mask, config.loss_aggregation)
-        kl_part = aggregate(kl_tokens, mask, config.loss_aggregation)
+        policy_part = aggregate(surrogate, mask, config.loss_aggregation, token_total)
+        kl_part = aggregate(kl_tokens, mask, config.loss_aggregation, token_total)
     return policy_part, kl_part
 
 
@@ -278,9 +286,13 @@ def grpo_loss(batch: GrpoBatch, config, *, kernels=None) -> tuple[Tensor, dict]:
         # The fused kernel (gpu_runtime.kernels.token_loss); this function's torch maths is its oracle.
         from gpu_runtime.grpo.fused_loss import fused_policy_and_kl
 
-        policy_part, kl_part = fused_policy_and_kl(policy, mask, adv, behavior, reference, config, stats)
+        policy_part, kl_part = fused_policy_and_kl(
+            policy, mask, adv, behavior, reference, config, stats, token_total=batch.token_total
+        )
     else:
-        policy_part, kl_part = _policy_and_kl(policy, log_ratio, mask, adv, reference, config, stats)
+        policy_part, kl_part = _policy_and_kl(
+            policy, log_ratio, mask, adv, reference, config, stats, batch.token_total
+        )
     zero = torch.zeros(mask.shape[0], dtype=policy.dtype, device=policy.device)
     participating = mask.any(dim=1) & (not config.loss.no_policy_loss)
 
@@ -365,3 +377,56 @@ def _kl_stats(policy, reference, kl, mask: Tensor, kl_mask: Tensor) -> dict:
         "kl_mean_estimator": sums["kl_estimator_sum"] / n if n else None,
         "kl_mean_masked_estimator": sums["kl_masked_estimator_sum"] / n if n else None,
     }
+
+
+# How `merge_step_stats` combines one step's micro-batch stats: added, the extreme kept, the same in
+# every part, or recomputed from the merged sums. A key in none of these is an error, so a new stat
+# cannot be dropped silently.
+_ADDED = {
+    "completions", "action_tokens", "surrogate_clipped_count", "ratio_observations", "ratio_sum",
+    "below_clip_count", "above_clip_count", "kl_token_observations", "kl_entropy_mask_applied_tokens",
+    "kl_log_ratio_sum", "kl_estimator_sum", "kl_masked_estimator_sum", "env_tokens", "observation_tokens",
+    "loss", "policy_loss", "kl_loss", "echo_loss",
+}
+_EXTREMES = {"ratio_min": min, "ratio_max": max}
+_SHARED = {"is_level", "ratio_scope"}
+_DERIVED = {
+    "ratio_mean", "clip_low_fraction", "clip_high_fraction", "outside_clip_fraction", "kl_mean_log_ratio",
+    "kl_mean_estimator", "kl_mean_masked_estimator", "echo_env_ce", "echo_contributed", "per_completion_loss",
+}
+
+
+def merge_step_stats(parts: list[dict]) -> dict:
+    """One optimizer step's stats from its token_level micro-batches' (each computed with the
+    step's `token_total`, so losses add): the figures `grpo_loss` gives for the whole batch, up to
+    float summation order."""
+    unknown = set().union(*parts) - _ADDED - set(_EXTREMES) - _SHARED - _DERIVED
+    if unknown:
+        raise ValueError(f"merge_step_stats does not know how to merge {sorted(unknown)}")
+    out: dict = {key: parts[0][key] for key in _SHARED if key in parts[0]}
+    for key in _ADDED & set(parts[0]):
+        out[key] = sum(part[key] for part in parts)
+    for key, pick in _EXTREMES.items():
+        values = [part[key] for part in parts if part.get(key) is not None]
+        out[key] = pick(values) if values else None
+    n = out["ratio_observations"]
+    below, above = out["below_clip_count"], out["above_clip_count"]
+    out.update(
+        ratio_mean=out["ratio_sum"] / n if n else None,
+        clip_low_fraction=below / n if n else None,
+        clip_high_fraction=above / n if n else None,
+        outside_clip_fraction=(below + above) / n if n else None,
+    )
+    kl_n = out["kl_token_observations"]
+    for mean, total in (("kl_mean_log_ratio", "kl_log_ratio_sum"), ("kl_mean_estimator", "kl_estimator_sum"),
+                        ("kl_mean_masked_estimator", "kl_masked_estimator_sum")):
+        out[mean] = out[total] / kl_n if kl_n else None
+    # echo_env_ce is a mean over the contributing completions' observation tokens.
+    echoing = [part for part in parts if part["echo_contributed"]]
+    observed = sum(part["observation_tokens"] for part in echoing)
+    out["echo_contributed"] = bool(echoing)
+    out["echo_env_ce"] = (
+        sum(part["echo_env_ce"] * part["observation_tokens"] for part in echoing) / observed if observed else None
+    )
+    out["per_completion_loss"] = [value for part in parts for value in part["per_completion_loss"]]
+    return out

@@ -19,6 +19,10 @@ transformers bookkeeping) when the model has a supported shape, else the transfo
 group's prompt the same way the reference does, so both forwards have one layout: a fresh
 adapter's KL is exactly zero, and the prompt's activations are computed once, not once per
 completion (its gradient flows back through the shared keys and values).
+
+On the CPU a token_level step whose activations would pass MICRO_BATCH_ACTIVATIONS runs its
+completions in micro-batches (forward, loss over the step's token count, backward), the gradients
+accumulating into one optimizer step: the same step, in a fraction of the memory.
 """
 
 from __future__ import annotations
@@ -33,10 +37,17 @@ from gpu_runtime import lean_decoder
 from gpu_runtime.grpo.adapter_io import trainable_parameters
 from gpu_runtime.grpo.errors import TrainingError
 from gpu_runtime.grpo.flat_optim import FlatAdamW, FlatParameters, FlatSGD, flat_layout_supported
-from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss
+from gpu_runtime.grpo.losses import GrpoBatch, grpo_loss, merge_step_stats
 from gpu_runtime.grpo.recorded import behavior_is_reference
 from gpu_runtime.grpo.reference import shared_prefix_reference_logprobs
 from gpu_runtime.kernels import selection
+
+# The most activations (tokens x hidden size x layers) one policy forward keeps for its backward on
+# the CPU. Past this the saved activations are gigabytes of fresh memory that the kernel hands over
+# page by page, which cost more than the arithmetic (a q25m 32 x 256 forward: 11-12 s at once, 4.0-4.8 s
+# in micro-batches of 4-8 completions; docs/performance.md); the step then runs its completions in
+# micro-batches within it, whose activations reuse each other's memory.
+MICRO_BATCH_ACTIVATIONS = 2**23
 
 
 @dataclass
@@ -276,6 +287,53 @@ class GroupStepper:
         return [self._step(tensors, reference, r) for r in rows]
 
     def _step(self, tensors: GroupTensors, reference, rows: list[int]) -> StepRecord:
+        """One optimizer step over `rows`: forward, loss and backward a micro-batch of completions at
+        a time (`_micro_batches`), the gradients accumulating, then one optimizer step."""
+        token_total = int(tensors.action_mask[rows].sum())
+        parts = self._micro_batches(tensors, rows)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats_parts = []
+        for part in parts:
+            # One part: the batch's own divisor, exactly as an unsplit step computes it.
+            divisor = token_total if len(parts) > 1 else None
+            loss, stats = self._forward_and_loss(tensors, reference, part, divisor)
+            if not torch.isfinite(loss):
+                raise TrainingError(
+                    "nan_loss", f"the loss is {loss.item()} (not finite)", failure_reason="nan_loss"
+                )
+            started = time.perf_counter()
+            loss.backward()
+            self._time("backward_ms", started)
+            stats_parts.append(stats)
+        stats = stats_parts[0] if len(stats_parts) == 1 else merge_step_stats(stats_parts)
+        started = time.perf_counter()
+        grad_norm = self._grad_norm()
+        if grad_norm != grad_norm or grad_norm == float("inf"):
+            raise TrainingError("nan_loss", "the gradient is not finite", failure_reason="nan_loss")
+        self.optimizer.step()  # gradients are cleared before the next backward
+        self._time("optimizer_ms", started)
+        return StepRecord(stats=stats, grad_norm=grad_norm, completions=len(rows))
+
+    def _micro_batches(self, tensors: GroupTensors, rows: list[int]) -> list[list[int]]:
+        """`rows` split into micro-batches whose activations stay within MICRO_BATCH_ACTIVATIONS
+        (tokens x hidden size x layers), as evenly as possible; one part when they fit, off the lean
+        forward, on an accelerator (its caching allocator reuses memory) or under per_sample."""
+        plan = self.lean_policy
+        if (
+            plan is None
+            or self.device.type != "cpu"
+            or self.config.loss_aggregation != "token_level"
+            or len(rows) < 2
+        ):
+            return [rows]
+        per_token = plan.embed.shape[1] * len(plan.layers)
+        width = max(tensors.lengths[r] for r in rows)
+        fits = max(1, MICRO_BATCH_ACTIVATIONS // (per_token * width))
+        count = -(-len(rows) // fits)
+        size = -(-len(rows) // count)
+        return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+    def _forward_and_loss(self, tensors: GroupTensors, reference, rows: list[int], token_total: int | None):
         index = torch.tensor(rows, device=self.device)
         width = max(tensors.lengths[r] for r in rows)
 
@@ -296,23 +354,9 @@ class GroupStepper:
             observation_lengths=None
             if tensors.observation_lengths is None
             else tensors.observation_lengths.index_select(0, index),
+            token_total=token_total,
         )
-        loss, stats = grpo_loss(batch, self.config, kernels=self.kernels)
-        if not torch.isfinite(loss):
-            raise TrainingError(
-                "nan_loss", f"the loss is {loss.item()} (not finite)", failure_reason="nan_loss"
-            )
-        started = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self._time("backward_ms", started)
-        started = time.perf_counter()
-        grad_norm = self._grad_norm()
-        if grad_norm != grad_norm or grad_norm == float("inf"):
-            raise TrainingError("nan_loss", "the gradient is not finite", failure_reason="nan_loss")
-        self.optimizer.step()  # gradients are cleared before the next backward
-        self._time("optimizer_ms", started)
-        return StepRecord(stats=stats, grad_norm=grad_norm, completions=len(rows))
+        return grpo_loss(batch, self.config, kernels=self.kernels)
 
     def _grad_norm(self) -> float:
         flat_norm = getattr(self.optimizer, "grad_norm", None)

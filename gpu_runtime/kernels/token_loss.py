@@ -115,16 +115,19 @@ def token_loss_parts(
     behavior: Tensor | None = None,
     reference: Tensor | None = None,
     kl_mask: Tensor | None = None,
+    token_total: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(policy part (B,), KL part (B,), per-row stats (B, len(STAT_FIELDS)) float64).
 
     `policy` (B, T) float32 carries the gradient; `mask` and `kl_mask` are bool (B, T);
-    `behavior` is required when `settings.recorded`, `reference` for any KL figure."""
+    `behavior` is required when `settings.recorded`, `reference` for any KL figure; `token_total`
+    is token_level's divisor when this batch is one micro-batch of a step (default: its own tokens)."""
     if settings.recorded and behavior is None:
         raise ValueError("recorded behavior policy needs behavior log-probs")
     mask = mask.bool()
     if settings.aggregation == "token_level":
-        denominators = mask.sum().clamp(min=1).to(policy.dtype).expand(mask.shape[0]).contiguous()
+        total = mask.sum() if token_total is None else torch.tensor(token_total, device=mask.device)
+        denominators = total.clamp(min=1).to(policy.dtype).expand(mask.shape[0]).contiguous()
     elif settings.aggregation == "per_sample":
         denominators = mask.sum(dim=1).clamp(min=1).to(policy.dtype)
     else:

@@ -12,6 +12,7 @@ from gpu_runtime.grpo.losses import (
     entropy_kl_mask,
     grpo_loss,
     kl_estimate,
+    merge_step_stats,
 )
 
 # Two completions: row 0 has 3 action tokens (positions 1-3), row 1 has 2 (positions 1-2).
@@ -278,3 +279,72 @@ def test_masks_may_be_integer_tensors():
     b = GrpoBatch(policy, torch.tensor([[0, 1, 1]]), torch.tensor([2.0]))
     loss, _ = grpo_loss(b, GrpoConfig.from_dict({"kl_coeff": 0}))
     assert loss.item() == pytest.approx(-2.0)
+
+
+def _random_step(seed: int):
+    """Five completions of one group, each with action tokens, two with observation tokens."""
+    g = torch.Generator().manual_seed(seed)
+    b, t = 5, 9
+    policy = -torch.rand(b, t, generator=g, dtype=torch.float64) * 3
+    action = torch.rand(b, t, generator=g) < 0.6
+    action[:, 0] = False
+    action[:, 1] = True
+    env = torch.zeros(b, t, dtype=torch.bool)
+    env[1, 6:8] = True  # observation tokens ECHO trains on, in two completions
+    env[4, 5:9] = True
+    action &= ~env
+    return {
+        "policy": policy,
+        "action": action,
+        "adv": torch.randn(b, generator=g, dtype=torch.float64),
+        "behavior": policy + 0.3 * torch.randn(b, t, generator=g, dtype=torch.float64),
+        "reference": policy + 0.2 * torch.randn(b, t, generator=g, dtype=torch.float64),
+        "env": env,
+        "lengths": torch.tensor([0, 4, 0, 0, 6]),
+    }
+
+
+@pytest.mark.parametrize("is_level", ["token", "sequence", "cispo"])
+def test_micro_batches_with_the_step_token_total_add_up_to_the_whole_step(is_level):
+    """A token_level step run as micro-batches of completions (each divided by the step's action
+    tokens) gives the whole step's loss, gradient and stats: what the trainer relies on when it
+    splits a large group to keep its activations small."""
+    step = _random_step(3)
+    cfg = GrpoConfig.from_dict({
+        "behavior_policy": "recorded", "is_level": is_level, "kl_coeff": 0.3, "kl_estimator": "k3",
+        "entropy_aware_kl_quantile": 0.5, "loss": {"echo": {"lambda": 0.1}},
+    })
+
+    def run(rows, token_total):
+        policy = step["policy"][rows].clone().requires_grad_(True)
+        part = GrpoBatch(policy, step["action"][rows], step["adv"][rows],
+                         behavior_logprobs=step["behavior"][rows], reference_logprobs=step["reference"][rows],
+                         env_mask=step["env"][rows], observation_lengths=step["lengths"][rows],
+                         token_total=token_total)
+        loss, stats = grpo_loss(part, cfg)
+        loss.backward()
+        return loss.item(), stats, policy.grad
+
+    whole_loss, whole, whole_grad = run([0, 1, 2, 3, 4], None)
+    total = int(step["action"].sum())
+    parts = [run(rows, total) for rows in ([0, 1], [2, 3, 4])]
+    merged = merge_step_stats([stats for _, stats, _ in parts])
+    assert sum(loss for loss, _, _ in parts) == pytest.approx(whole_loss, abs=1e-12)
+    assert torch.allclose(torch.cat([grad for _, _, grad in parts]), whole_grad, atol=1e-12)
+    assert set(merged) == set(whole)
+    for key, value in whole.items():
+        if isinstance(value, float):
+            assert merged[key] == pytest.approx(value, abs=1e-12), key
+        elif isinstance(value, list):
+            assert merged[key] == pytest.approx(value, abs=1e-12), key
+        else:
+            assert merged[key] == value, key
+    assert whole["echo_contributed"] and whole["kl_entropy_mask_applied_tokens"] > 0
+
+
+def test_merging_refuses_a_stat_it_does_not_know():
+    step = _random_step(4)
+    b = GrpoBatch(step["policy"], step["action"], step["adv"], behavior_logprobs=step["behavior"])
+    _, stats = grpo_loss(b, config())
+    with pytest.raises(ValueError, match="new_figure"):
+        merge_step_stats([stats, {**stats, "new_figure": 1}])

@@ -314,3 +314,28 @@ def test_checkpoint_segments_are_honoured_without_changing_the_result(tiny_model
     for a, b in zip(plain.receipt["loss_history"], segmented.receipt["loss_history"], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+# The tiny model keeps 96 x 3 activations a token: 1 puts one completion in each part, 288 x 80 two.
+@pytest.mark.parametrize("activations", [1, 288 * 80])
+def test_a_step_in_micro_batches_trains_as_the_whole_step(tiny_model_dir, tmp_path, one_thread, monkeypatch,
+                                                          activations):
+    """On the CPU a large group's step runs its completions in micro-batches (so its activations stay
+    small); with the budget cut to force that (one or two completions a part) the losses, KL
+    figures, policy audit and trained weights are the whole step's."""
+    from gpu_runtime.grpo import step
+
+    whole = run(train_request(tiny_model_dir, fixed_groups(3), tmp_path / "whole", "a", kl_estimator="k3"))
+    monkeypatch.setattr(step, "MICRO_BATCH_ACTIVATIONS", activations)
+    parted = run(train_request(tiny_model_dir, fixed_groups(3), tmp_path / "parted", "a", kl_estimator="k3"))
+    for a, b in zip(whole.receipt["loss_history"], parted.receipt["loss_history"], strict=True):
+        for key in ("loss", "policy_loss", "kl_loss", "kl_mean", "kl_estimator_mean", "ratio_mean", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5, rel=1e-4), key
+        assert a["action_tokens"] == b["action_tokens"]
+    assert whole.receipt["grpo"]["policy_audit"]["importance_sampling"]["action_tokens"] == (
+        parted.receipt["grpo"]["policy_audit"]["importance_sampling"]["action_tokens"]
+    )
+    trained = [load_file(str(r.adapter_path / "adapter_model.safetensors")) for r in (whole, parted)]
+    assert trained[0].keys() == trained[1].keys()
+    for name, value in trained[0].items():
+        assert torch.allclose(value, trained[1][name], atol=1e-5), name
