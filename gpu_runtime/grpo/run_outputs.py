@@ -114,7 +114,7 @@ class RunOutputs:
             "execution_provenance": {
                 "device": str(getattr(self, "device", request.device)),
                 "torch": torch.__version__,
-                **_reference_record(getattr(self, "stepper", None)),
+                **_forward_record(getattr(self, "stepper", None)),
                 "forward_path": getattr(getattr(self, "stepper", None), "forward_path", None),
                 "kernels": _kernel_record(getattr(self, "stepper", None), getattr(self, "device", None)),
                 "inference_config_sha256": (self.identity or {}).get("inference_config_sha256"),
@@ -250,12 +250,14 @@ def _kernel_record(stepper, device) -> dict | None:
     return record
 
 
-def _reference_record(stepper) -> dict:
-    """How the KL reference's log-probs were obtained: the forward path of the groups that ran one
-    (`reference_path`), and how many groups reused their recorded behavior log-probs instead
-    (`reference_path` is "recorded_behavior" when every group did)."""
+def _forward_record(stepper) -> dict:
+    """How the forwards ran: the KL reference's path for the groups that ran one (`reference_path`),
+    how many groups reused their recorded behavior log-probs instead (`reference_path` is
+    "recorded_behavior" when every group did), and how many steps ran in micro-batches."""
     if stepper is None:
         return {"reference_path": None}
     reused = stepper.reference_reused_groups
     path = stepper.reference_path or ("recorded_behavior" if reused else None)
-    return {"reference_path": path, "reference_reused_groups": reused}
+    # Steps whose completions ran in micro-batches (the step's maths is unchanged; see GroupStepper).
+    return {"reference_path": path, "reference_reused_groups": reused,
+            "micro_batched_steps": stepper.micro_batched_steps}

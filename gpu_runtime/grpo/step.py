@@ -141,6 +141,7 @@ class GroupStepper:
     # `recorded.behavior_is_reference` then decides group by group.
     behavior_reference_sha256: str | None = None
     reference_reused_groups: int = 0
+    micro_batched_steps: int = 0  # optimizer steps whose completions ran in several micro-batches
     forward_path: str = "lean"  # or "transformers"
 
     def __post_init__(self) -> None:
@@ -291,6 +292,7 @@ class GroupStepper:
         a time (`_micro_batches`), the gradients accumulating, then one optimizer step."""
         token_total = int(tensors.action_mask[rows].sum())
         parts = self._micro_batches(tensors, rows)
+        self.micro_batched_steps += len(parts) > 1
         self.optimizer.zero_grad(set_to_none=True)
         stats_parts = []
         for part in parts:

@@ -328,6 +328,9 @@ def test_a_step_in_micro_batches_trains_as_the_whole_step(tiny_model_dir, tmp_pa
     whole = run(train_request(tiny_model_dir, fixed_groups(3), tmp_path / "whole", "a", kl_estimator="k3"))
     monkeypatch.setattr(step, "MICRO_BATCH_ACTIVATIONS", activations)
     parted = run(train_request(tiny_model_dir, fixed_groups(3), tmp_path / "parted", "a", kl_estimator="k3"))
+    steps = len(whole.receipt["loss_history"])
+    assert whole.receipt["runtime"]["execution_provenance"]["micro_batched_steps"] == 0
+    assert parted.receipt["runtime"]["execution_provenance"]["micro_batched_steps"] == steps == 3
     for a, b in zip(whole.receipt["loss_history"], parted.receipt["loss_history"], strict=True):
         for key in ("loss", "policy_loss", "kl_loss", "kl_mean", "kl_estimator_mean", "ratio_mean", "grad_norm"):
             assert a[key] == pytest.approx(b[key], abs=1e-5, rel=1e-4), key
