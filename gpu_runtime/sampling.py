@@ -55,6 +55,12 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+    @property
+    def draws_from_the_model(self) -> bool:
+        """Temperature 1, no filter, no penalty: the distribution sampled is the model's own."""
+        return (self.temperature == 1.0 and self.top_k == 0 and self.top_p == 1.0 and self.min_p == 0.0
+                and not self.uses_penalties)
+
     def to_record(self) -> dict:
         """The `sampling` object of kiln.rollout-provenance.v1 (without thinking_budget)."""
         record = asdict(self)

@@ -172,6 +172,7 @@ def load_config(env: dict | None = None) -> KilnConfig:
     training_toml = toml.get("training", {})
     openenv_toml = toml.get("openenv", {})
     promotion_toml = toml.get("promotion", {})
+    sampler_toml = toml.get("sampler", {})
 
     home = env.get("KILN_HOME") or toml.get("home") or server_toml.get("home") or "~/.kiln"
     home_path = Path(home).expanduser().resolve()
@@ -240,7 +241,7 @@ def load_config(env: dict | None = None) -> KilnConfig:
         training_defaults=_training_defaults(env, training_toml),
         sampler_max_batch_size=_parse_int(
             "[sampler] max_batch_size",
-            env.get("KILN_SAMPLER_MAX_BATCH_SIZE") or toml.get("sampler", {}).get("max_batch_size", 32),
+            env.get("KILN_SAMPLER_MAX_BATCH_SIZE") or sampler_toml.get("max_batch_size", 32),
             1,
         ),
     )

@@ -288,13 +288,10 @@ def behavior_is_reference(group, trainer_inference_sha256: str) -> bool:
         record = item.provenance
         if record is None or not item.behavior or set(item.behavior) != set(item.action_positions):
             return False
-        policy, s = record["behavior_policy"], record["sampling"]
+        policy = record["behavior_policy"]
         if policy.get("adapter") is not None or policy["inference_config_sha256"] != trainer_inference_sha256:
             return False
-        plain = (s["temperature"] == 1.0 and s["top_k"] == 0 and s["top_p"] == 1.0 and s["min_p"] == 0.0
-                 and s["repetition_penalty"] == 1.0 and s["presence_penalty"] == 0.0
-                 and s["frequency_penalty"] == 0.0)
-        if not plain:
+        if not _sampling_params(record).draws_from_the_model:
             return False
     return True
 

@@ -290,14 +290,13 @@ class GroupStepper:
     def _step(self, tensors: GroupTensors, reference, rows: list[int]) -> StepRecord:
         """One optimizer step over `rows`: forward, loss and backward a micro-batch of completions at
         a time (`_micro_batches`), the gradients accumulating, then one optimizer step."""
-        token_total = int(tensors.action_mask[rows].sum())
         parts = self._micro_batches(tensors, rows)
         self.micro_batched_steps += len(parts) > 1
         self.optimizer.zero_grad(set_to_none=True)
+        # Parts divide by the step's action tokens; one part by its own, as an unsplit step does.
+        divisor = int(tensors.action_mask[rows].sum()) if len(parts) > 1 else None
         stats_parts = []
         for part in parts:
-            # One part: the batch's own divisor, exactly as an unsplit step computes it.
-            divisor = token_total if len(parts) > 1 else None
             loss, stats = self._forward_and_loss(tensors, reference, part, divisor)
             if not torch.isfinite(loss):
                 raise TrainingError(

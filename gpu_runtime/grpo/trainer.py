@@ -294,7 +294,7 @@ class _Run(RunOutputs):
             config.behavior_policy == "recorded"
             and config.kl_reference_policy.kind == "base_per_step"
             and self.request.base_adapter_dir is None
-            and next(self.peft.parameters()).dtype == torch.float32
+            and self.dtype == torch.float32
         )
         return self.identity["inference_config_sha256"] if eligible else None
 
