@@ -134,6 +134,7 @@ def kiln_worker(cfg: dict) -> dict:
                 # The sampler's records are this process's own: skip the setup-time replay of the
                 # behavior log-probs (outside the timed phases either way).
                 replay_recorded_behavior=False,
+                shared_base=loaded.shared_base,  # as in the GPU worker: the sampler's weights, no second copy
             )
             return train_grpo(request, on_progress=lambda p: None, should_stop=lambda: False)
 

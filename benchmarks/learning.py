@@ -84,7 +84,8 @@ def kiln_curve(model_dir: Path, seed: int, args) -> list[dict]:
     torch.set_num_threads(args.threads)
     torch.manual_seed(seed)
     adapters: dict = {}
-    sampler = Sampler(load_model(model_dir, device="cpu"), adapters.get, max_batch_size=256)
+    loaded = load_model(model_dir, device="cpu")
+    sampler = Sampler(loaded, adapters.get, max_batch_size=256)
     train, held_out = task_prompts(seed, args.prompts * args.max_rounds, args.held_out)
 
     def generate(examples, n, temperature, adapter, salt):
@@ -128,6 +129,7 @@ def kiln_curve(model_dir: Path, seed: int, args) -> list[dict]:
                 model_dir=model_dir, groups=groups, config=config, output_dir=Path(tmp) / name, adapter_name=name,
                 base_adapter_dir=adapters.get(previous), base_adapter_name=previous,
                 template_kwargs={"enable_thinking": False}, lora_target_modules=TARGET_MODULES,
+                shared_base=loaded.shared_base,  # as in the GPU worker: the sampler's weights, no second copy
             ), on_progress=lambda _: None, should_stop=lambda: False)
             wall += time.perf_counter() - started
             samples += len(batch) * args.group

@@ -192,11 +192,14 @@ def _projection(module: nn.Module) -> Projection:
 
 
 def _stack(parts: tuple[Projection, ...], fuse: bool, merge: bool) -> Stacked:
-    if merge:
-        parts = tuple(part.merged() for part in parts)
+    folded = False
+    if merge:  # a part with no LoRA (the base model) merges to itself: its stack is the shared one
+        merged = tuple(part.merged() for part in parts)
+        folded = any(m is not p for m, p in zip(merged, parts, strict=True))
+        parts = merged
     if not fuse or not _stackable(parts):
         return Stacked(parts)
-    if merge:  # merged weights belong to this plan (and may be inference tensors): stack afresh
+    if folded:  # a LoRA folded in: these weights are this plan's own (maybe inference tensors): stack afresh
         return Stacked(parts, *_stacked(parts))
     # The model's own base weights: stack once, share across plans, restack if they change.
     weights = [p.weight for p in parts] + [p.bias for p in parts if p.bias is not None]

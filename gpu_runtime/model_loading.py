@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from core.canonical import json_digest
 from gpu_runtime.identity import file_manifest, manifest_digest, tokenizer_identity, weight_shards
+from gpu_runtime.shared_base import SharedBase
 
 SAMPLER_IMPLEMENTATION = "kiln.gpu_runtime.sampler/1"
 ATTN_IMPLEMENTATION = "sdpa"
@@ -47,6 +48,8 @@ class LoadedModel:
     path: Path
     served_model_id: str
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # The base weights as loaded, for a trainer in this process to build on (no second copy).
+    shared_base: SharedBase | None = None
     # Recent renders by their inputs' JSON: a GRPO group sends one prompt with many seeds.
     _rendered: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -153,6 +156,7 @@ def load_model(
         path=model_dir,
         served_model_id=served_model_id,
         eos_token_ids=eos_token_ids(model, tokenizer),
+        shared_base=SharedBase.of(model, path=model_dir, device=device, dtype=dtype),
     )
 
 

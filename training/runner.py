@@ -16,6 +16,7 @@ from django.db import transaction
 
 from adapters.selectors import adapter_published_path
 from adapters.services import adapter_publish, adapters_root
+from adapters.serving.runtime_host import resident_base
 from core.errors import KilnError
 from core.jobs.runner import JobCancelled
 from core.models import ReceiptKind
@@ -99,6 +100,7 @@ def run_grpo_job(ctx) -> dict:
         failure_receipt_path=settings.KILN.layout.failure_receipt(ctx.job_id),
         config_sources=dict(payload.config_sources) or None,
         server_training_defaults=dict(payload.server_training_defaults),
+        shared_base=resident_base(),  # the sampler's weights: no second copy of the base model
     )
     request.failure_receipt_path.parent.mkdir(parents=True, exist_ok=True)
     recorder = ProgressRecorder(ctx)

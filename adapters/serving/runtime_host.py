@@ -126,6 +126,13 @@ def current_host_settled() -> bool:
     return _host is not None and _host.settled
 
 
+def resident_base():
+    """The resident model's base weights (`gpu_runtime.shared_base.SharedBase`) for a trainer in this
+    process to build on instead of loading a second copy; None while no model is resident here."""
+    loaded = _host.loaded if _host is not None else None
+    return loaded.shared_base if loaded is not None else None
+
+
 def stop_model_host() -> None:
     if _host is not None:
         _host.stop()

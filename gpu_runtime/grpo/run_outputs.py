@@ -116,6 +116,7 @@ class RunOutputs:
                 "torch": torch.__version__,
                 **_forward_record(getattr(self, "stepper", None)),
                 "forward_path": getattr(getattr(self, "stepper", None), "forward_path", None),
+                "base_weights": getattr(self, "base_weights", None),
                 "kernels": _kernel_record(getattr(self, "stepper", None), getattr(self, "device", None)),
                 "inference_config_sha256": (self.identity or {}).get("inference_config_sha256"),
             },

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.contracts.grpo_config import GrpoConfig
+
+if TYPE_CHECKING:
+    from gpu_runtime.shared_base import SharedBase
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 DEFAULT_SMOKE_PROMPTS = ("What is 2 + 3? Reply with just the number.", "Hello!")
@@ -40,6 +44,9 @@ class TrainRequest:
     failure_receipt_path: Path | None = None  # None: <output_dir>.train_receipt.failed.json
     replay_recorded_behavior: bool = True  # recorded: recompute behavior log-probs at setup
     model_identity: dict | None = None  # a known model_loading.identity_of() result: skip re-hashing weights
+    # The resident model's base weights (`LoadedModel.shared_base`): the trainer builds its model on
+    # them instead of reading a second copy from disk, when the directory, device and dtype match.
+    shared_base: SharedBase | None = None
     # Where each config field came from ("request" | "server_defaults" | "default") and the server's
     # [training.defaults] table; the receipt records both (None: not a server submission).
     config_sources: dict | None = None

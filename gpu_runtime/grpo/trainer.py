@@ -91,6 +91,7 @@ class _Run(RunOutputs):
         self.base_adapter = None
         self.resume = None
         self.cpu_model = None
+        self.base_weights: str | None = None  # shared_with_sampler | read_from_disk
 
     # ---- driver -----------------------------------------------------------------------------
 
@@ -197,6 +198,17 @@ class _Run(RunOutputs):
         self.cpu_model = self._read_weights()  # file I/O stays outside the GPU writer
 
     def _read_weights(self):
+        shared = self.request.shared_base
+        if shared is not None:
+            reason = shared.unusable_for(self.request.model_dir, self.device, self.dtype)
+            if reason is None:
+                self.base_weights = "shared_with_sampler"
+                return shared.fresh_model()
+            self.fallbacks.append({"capability": "shared_base_weights", "fallback": "read_from_disk", "reason": reason})
+        self.base_weights = "read_from_disk"
+        return self._weights_from_disk()
+
+    def _weights_from_disk(self):
         from transformers import AutoModelForCausalLM
 
         from gpu_runtime.model_loading import ATTN_IMPLEMENTATION

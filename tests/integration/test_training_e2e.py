@@ -59,6 +59,8 @@ def test_api_training_publishes_an_adapter_with_a_receipt_and_serves_it(trainer_
     assert receipt["training_data"]["sha256"] == detail["training_data"]["admitted_corpus_sha256"]
     assert receipt["training_data"]["source"] == "inline"
     assert receipt["phase_timings"]["gpu_writer_acquisitions"] >= 3
+    # The GPU worker's trainer built its model on the served model's weights: one copy of the base.
+    assert receipt["runtime"]["execution_provenance"]["base_weights"] == "shared_with_sampler"
     assert detail["train_receipt"]["config_hashes"] == receipt["config_hashes"]
     adapter = api.get("/v1/adapters/math-r001").json()
     assert adapter["state"] == "published" and adapter["content_sha256"].startswith("sha256:")
