@@ -51,6 +51,10 @@ PROMPTS = [
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL_CELLS = [f"{m}:{g}:{n}" for m in bench.MODELS for g in (8, 32) for n in (32, 256)]
 PHASES = ["generation_ms", "reference_forward_ms", "policy_forward_ms", "backward_ms", "optimizer_ms"]
+# Peak anonymous memory is the goal's figure; peak RSS also counts touched library and weight-file
+# pages, which depend on the page cache (benchmarks/anon_memory.py).
+MEMORY = ["peak_anon_mib", "peak_rss_mib"]
+MEMORY_LABELS = {"peak_anon_mib": "peak anon MiB", "peak_rss_mib": "peak RSS MiB"}
 SIDES = ["kiln", "trl", "trl-default"]
 GOAL_RATIO = 0.45  # every phase at most this share of tuned TRL's time (the "half, with margin")
 GOAL_PEAK = 0.75  # forwards and backward on the larger model at least this share of the matmul peak
@@ -61,6 +65,9 @@ DEFAULT_TRL_PYTHON = Path(os.environ.get("KILN_TRL_VENV", "/tmp/kiln-trl-venv"))
 
 
 def kiln_worker(cfg: dict) -> dict:
+    from anon_memory import AnonPeak
+
+    anon = AnonPeak()  # first: both sides count from their start
     import torch
 
     torch.set_num_threads(cfg["threads"])
@@ -168,6 +175,7 @@ def kiln_worker(cfg: dict) -> dict:
     return {
         "rounds": rounds,
         "peak_rss_mib": bench.peak_rss_mib(),
+        "peak_anon_mib": anon.stop(),
         "peak_flops": peak,
         "profile": profile,
         "threads": torch.get_num_threads(),
@@ -225,6 +233,7 @@ def summarise(side: str, data: dict, shape: bench.Shape, group: int, length: int
     row = {k: statistics.median(r.get(k, 0.0) for r in rounds) for k in PHASES}
     row["trained_tokens"] = rounds[0]["trained_tokens"]
     row["peak_rss_mib"] = data["peak_rss_mib"]
+    row["peak_anon_mib"] = data["peak_anon_mib"]
     if side == "kiln":
         lengths = rounds[0]["prompt_lengths"]
         shared = {rounds[0].get("forward_path"), rounds[0].get("reference_path")}
@@ -259,7 +268,7 @@ def summarise(side: str, data: dict, shape: bench.Shape, group: int, length: int
 
 def median_rows(rows: list[dict]) -> dict:
     out = dict(rows[0])
-    for key in PHASES + ["peak_rss_mib", "peak_flops"]:
+    for key in PHASES + MEMORY + ["peak_flops"]:
         out[key] = statistics.median(r[key] for r in rows)
     out["share"] = {k: statistics.median(r["share"][k] for r in rows) for k in rows[0]["share"]
                     if all(k in r["share"] for r in rows)}
@@ -287,8 +296,8 @@ def print_table(results: dict, peak: float, sides: list[str], args) -> list[str]
     for cell, per_side in results.items():
         model = cell.split(":")[0]
         label = cell.replace(":", " ")
-        for phase in PHASES + ["peak_rss_mib"]:
-            name = phase.removesuffix("_ms") if phase != "peak_rss_mib" else "peak RSS MiB"
+        for phase in PHASES + MEMORY:
+            name = MEMORY_LABELS.get(phase, phase.removesuffix("_ms"))
             text = f"{label:18} {name:16}"
             text += "".join(
                 f"{per_side[s][phase]:>15.1f}" if s in per_side else f"{'-':>15}" for s in sides
@@ -312,10 +321,10 @@ def print_table(results: dict, peak: float, sides: list[str], args) -> list[str]
                 if p in share  # not a reference forward that did not run
             }
             ratio_ok = worst[0] <= GOAL_RATIO
-            memory_ok = per_side["kiln"]["peak_rss_mib"] <= per_side["trl"]["peak_rss_mib"]
+            memory_ok = per_side["kiln"]["peak_anon_mib"] <= per_side["trl"]["peak_anon_mib"]
             verdict = (
                 f"{cell}: worst phase {worst[1].removesuffix('_ms')} {worst[0]:.2f} of tuned TRL "
-                f"({'meets' if ratio_ok else 'misses'} <= {GOAL_RATIO}); peak RSS "
+                f"({'meets' if ratio_ok else 'misses'} <= {GOAL_RATIO}); peak anonymous memory "
                 f"{'no worse than' if memory_ok else 'above'} TRL's"
             )
             if model == "q25m":

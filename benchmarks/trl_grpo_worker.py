@@ -21,8 +21,14 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from anon_memory import AnonPeak  # noqa: E402 (standard library only)
+
+ANON = AnonPeak()  # first: both sides count from their start
+
+import torch  # noqa: E402
 
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
@@ -166,6 +172,7 @@ print(
             "calls": dict(state["calls"]),
             "peak_flops": PEAK,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "peak_anon_mib": ANON.stop(),
             "trl": trl.__version__,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),

@@ -15,6 +15,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import bench_support  # noqa: E402
 import grpo_scaling  # noqa: E402
+from anon_memory import AnonPeak  # noqa: E402
 
 
 def test_cells_parse_and_reject_unknown_models():
@@ -40,9 +41,23 @@ def test_quick_run_of_one_tiny_cell_prints_the_table(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert code == 0
-    assert "tiny 2 4" in out and "generation" in out and "peak RSS MiB" in out
+    assert "tiny 2 4" in out and "generation" in out and "peak RSS MiB" in out and "peak anon MiB" in out
     assert "tokens trained   kiln 8" in out  # 1 prompt x 2 completions x 4 sampled tokens, all trained
     # Sampled from the base model at temperature 1 and trained against it: the records are the reference.
     assert "forward lean, reference recorded_behavior" in out
     reference_row = next(line for line in out.splitlines() if "reference_forward" in line)
     assert "%" not in reference_row  # no forward ran, so no share of the matmul peak
+
+
+def test_the_anonymous_memory_peak_sees_an_allocation_that_is_gone():
+    import time
+
+    watcher = AnonPeak(interval=0.001)
+    before = watcher.mib()
+    block = b"\x01" * (160 * 2**20)  # written, so resident
+    time.sleep(0.05)
+    del block
+    time.sleep(0.01)
+    peak = watcher.stop()
+    assert peak - before >= 150
+    assert peak >= watcher.mib() and AnonPeak().mib() < peak  # the peak stays; today's use is lower
