@@ -122,13 +122,14 @@ def _layer(plan: Plan, layer: LayerPlan, h: Tensor, cos, sin, how: Attention, pa
     heads, kv_heads, dim = plan.heads, plan.kv_heads, plan.head_dim
     x = rms_norm(h, layer.input_norm, plan.eps)
     qkv = layer.qkv(x).view(batch, length, heads + 2 * kv_heads, dim)
-    # Queries and keys are normed and rotated together: one op each instead of two.
-    qk = qkv[:, :, : heads + kv_heads]
+    # Queries and keys are normed and rotated together: one op each instead of two. `split`, not
+    # slicing: its backward concatenates the parts' gradients once, where each slice's backward
+    # would zero-fill a whole qkv-sized gradient and copy its part in.
+    qk, v = qkv.split((heads + kv_heads, kv_heads), dim=2)
     if layer.qk_norm is not None:
         qk = rms_norm(qk, layer.qk_norm, plan.eps)
-    qk = _rotate(qk.transpose(1, 2), cos, sin)
-    q, k = qk[:, :heads], qk[:, heads:]
-    v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
+    q, k = _rotate(qk.transpose(1, 2), cos, sin).split((heads, kv_heads), dim=1)
+    v = v.transpose(1, 2)
     if hasattr(past, "append"):  # a sampler's cache layer (kv_cache.KVLayer): appended in place
         k, v = past.append(k, v)
     elif past is not None:
