@@ -145,8 +145,8 @@ def load_model(
         raise ModelLoadError("model_load_failed", f"Model in {model_dir} failed to load: {exc}") from exc
 
     served_model_id = served_model_id or model_dir.resolve().name
-    identity = identity_of(model_dir, tokenizer, shards=shards, device=device, dtype=dtype)
-    identity["served_model_id"] = served_model_id
+    weights_identity = identity_of(model_dir, tokenizer, shards=shards, device=device, dtype=dtype)
+    identity = {**weights_identity, "served_model_id": served_model_id}
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -156,7 +156,7 @@ def load_model(
         path=model_dir,
         served_model_id=served_model_id,
         eos_token_ids=eos_token_ids(model, tokenizer),
-        shared_base=SharedBase.of(model, path=model_dir, device=device, dtype=dtype),
+        shared_base=SharedBase.of(model, path=model_dir, device=device, dtype=dtype, identity=weights_identity),
     )
 
 

@@ -10,6 +10,11 @@ and the small-model stacked projections (`lean_plan`) are cached once for both.
 a module tree (`template`) that shares every parameter and buffer with the loaded model and is
 never wrapped by peft itself. `fresh_model()` hands out a new module tree on those same tensors, so
 the trainer's peft wrapping changes only its own modules, never the sampler's.
+
+It also carries the loaded model's identity (`model_loading.identity_of`, hashed from the weight files
+when they were read): a trainer on these tensors records it instead of hashing the files again (a
+4 B model's 8 GB took seconds a run), and it describes the tensors the trainer really uses even if
+the files on disk were replaced since.
 """
 
 from __future__ import annotations
@@ -40,11 +45,14 @@ class SharedBase:
     device: torch.device
     dtype: torch.dtype
     template: nn.Module
+    identity: dict | None = None  # identity_of() of the loaded weights, without the serving name
 
     @classmethod
-    def of(cls, model: nn.Module, *, path: Path, device: torch.device, dtype: torch.dtype) -> SharedBase:
+    def of(cls, model: nn.Module, *, path: Path, device: torch.device, dtype: torch.dtype,
+           identity: dict | None = None) -> SharedBase:
         """Take `model` (just loaded: no adapter layers yet) as the shared base."""
-        return cls(Path(path), torch.device(device), dtype, copy.deepcopy(model, _tensors_of(model)))
+        return cls(Path(path), torch.device(device), dtype, copy.deepcopy(model, _tensors_of(model)),
+                   copy.deepcopy(identity))
 
     def unusable_for(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> str | None:
         """Why a trainer of `model_dir` on (device, dtype) cannot build on these tensors, or None."""

@@ -92,6 +92,7 @@ class _Run(RunOutputs):
         self.resume = None
         self.cpu_model = None
         self.base_weights: str | None = None  # shared_with_sampler | read_from_disk
+        self.shared_base_unusable: str | None = None  # why request.shared_base cannot be used, if so
 
     # ---- driver -----------------------------------------------------------------------------
 
@@ -124,8 +125,13 @@ class _Run(RunOutputs):
         self.device, self.dtype = resolve_device(request.device, self.fallbacks)
         if Path(request.output_dir).exists():
             raise TrainingError("adapter_already_exists", f"{request.output_dir} already exists")
+        shared = request.shared_base
+        self.shared_base_unusable = shared.unusable_for(request.model_dir, self.device, self.dtype) if shared else None
+        known_identity = request.model_identity
+        if known_identity is None and shared is not None and self.shared_base_unusable is None:
+            known_identity = shared.identity  # hashed when the sampler loaded these very tensors
         self.tokenizer, self.identity = load_tokenizer_and_identity(
-            request.model_dir, self.device, self.dtype, known_identity=request.model_identity
+            request.model_dir, self.device, self.dtype, known_identity=known_identity
         )
         if request.base_adapter_dir is not None:
             if not (Path(request.base_adapter_dir) / "adapter_config.json").is_file():
@@ -200,11 +206,11 @@ class _Run(RunOutputs):
     def _read_weights(self):
         shared = self.request.shared_base
         if shared is not None:
-            reason = shared.unusable_for(self.request.model_dir, self.device, self.dtype)
-            if reason is None:
+            if self.shared_base_unusable is None:
                 self.base_weights = "shared_with_sampler"
                 return shared.fresh_model()
-            self.fallbacks.append({"capability": "shared_base_weights", "fallback": "read_from_disk", "reason": reason})
+            self.fallbacks.append({"capability": "shared_base_weights", "fallback": "read_from_disk",
+                                   "reason": self.shared_base_unusable})
         self.base_weights = "read_from_disk"
         return self._weights_from_disk()
 

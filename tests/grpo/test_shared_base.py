@@ -84,6 +84,28 @@ def test_training_on_the_resident_weights_equals_training_from_disk(resident, ti
     assert _samples(sampler) == before_samples
 
 
+def test_a_trainer_on_the_resident_weights_records_their_identity_without_hashing_the_files(
+        resident, tiny_model_dir, tmp_path, one_thread, monkeypatch):
+    """The sampler hashed the weight files when it loaded them: a run on those very tensors records
+    that identity (the serving name aside) and reads no weight file to hash it again."""
+    import gpu_runtime.model_loading as model_loading
+
+    loaded, _ = resident
+
+    def no_hashing(*args, **kwargs):
+        raise AssertionError("the trainer hashed the weight files again")
+
+    monkeypatch.setattr(model_loading, "identity_of", no_hashing)
+    result = run(train_request(tiny_model_dir, fixed_groups(1), tmp_path, "i",
+                               request_kwargs={"shared_base": loaded.shared_base}))
+    assert result.receipt["runtime"]["execution_provenance"]["base_weights"] == "shared_with_sampler"
+    assert loaded.shared_base.identity == {k: v for k, v in loaded.identity.items() if k != "served_model_id"}
+    assert result.receipt["model"]["base_model_sha256"] == loaded.identity["base_model_sha256"]
+    assert result.receipt["model"]["base_weight_shard_manifest"] == loaded.identity["weights_manifest"]
+    assert (result.receipt["runtime"]["execution_provenance"]["inference_config_sha256"]
+            == loaded.identity["inference_config_sha256"])
+
+
 def test_a_resident_model_of_another_directory_is_not_used(resident, tiny_model_dir, tmp_path, one_thread):
     loaded, _ = resident
     other = tmp_path / "other-model"
@@ -92,6 +114,8 @@ def test_a_resident_model_of_another_directory_is_not_used(resident, tiny_model_
     assert result.receipt["runtime"]["execution_provenance"]["base_weights"] == "read_from_disk"
     (fallback,) = [f for f in result.receipt["fallbacks"] if f["capability"] == "shared_base_weights"]
     assert fallback["fallback"] == "read_from_disk" and str(other) in fallback["reason"]
+    # Its identity is hashed from the directory it trains on (a copy: the same weights).
+    assert result.receipt["model"]["base_model_sha256"] == loaded.identity["base_model_sha256"]
 
 
 def test_a_resident_model_in_another_precision_or_place_says_why(resident, tiny_model_dir):
