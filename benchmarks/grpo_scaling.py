@@ -167,6 +167,9 @@ def kiln_worker(cfg: dict) -> dict:
                     "fallbacks": result.receipt.get("fallbacks"),
                 }
             )
+        # Memory is read before the profiled round: the profiler keeps its own records, which
+        # would otherwise count as this side's peak.
+        peak_rss_mib, peak_anon_mib = bench.peak_rss_mib(), anon.stop()
         profile = None
         if cfg.get("profile"):  # one more round, untimed, under the profiler
             (_, groups, _), sampling = profiled(lambda: sample(cfg["rounds"], cfg["new_tokens"]))
@@ -174,8 +177,8 @@ def kiln_worker(cfg: dict) -> dict:
             profile = {"sampling": sampling, "training": training}
     return {
         "rounds": rounds,
-        "peak_rss_mib": bench.peak_rss_mib(),
-        "peak_anon_mib": anon.stop(),
+        "peak_rss_mib": peak_rss_mib,
+        "peak_anon_mib": peak_anon_mib,
         "peak_flops": peak,
         "profile": profile,
         "threads": torch.get_num_threads(),

@@ -37,7 +37,8 @@ def test_flop_model_is_two_flops_per_weight_per_token_plus_attention_and_head():
 
 def test_quick_run_of_one_tiny_cell_prints_the_table(tmp_path, capsys):
     code = grpo_scaling.main(
-        ["--cells", "tiny:2:4", "--sides", "kiln", "--quick", "--repeats", "1", "--models-dir", str(tmp_path)]
+        ["--cells", "tiny:2:4", "--sides", "kiln", "--quick", "--repeats", "1", "--models-dir", str(tmp_path),
+         "--profile"]
     )
     out = capsys.readouterr().out
     assert code == 0
@@ -47,6 +48,8 @@ def test_quick_run_of_one_tiny_cell_prints_the_table(tmp_path, capsys):
     assert "forward lean, reference recorded_behavior" in out
     reference_row = next(line for line in out.splitlines() if "reference_forward" in line)
     assert "%" not in reference_row  # no forward ran, so no share of the matmul peak
+    # The profiled extra round (after the memory peaks were read) prints both operator tables.
+    assert "profile of Kiln's sampling" in out and "profile of Kiln's training" in out and "aten::mm" in out
 
 
 def test_the_anonymous_memory_peak_sees_an_allocation_that_is_gone():
