@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import DynamicCache
 
-from gpu_runtime import kv_cache, lean_decoder
+from gpu_runtime import kv_cache, lean_decoder, packed_linear
 from gpu_runtime.adapters import AdapterManager, AdapterResolver
 from gpu_runtime.admission import admit_request
 from gpu_runtime.kernels import selection
@@ -104,6 +104,11 @@ class Sampler:
         reason = lean_decoder.unsupported_reason(self._model)
         self.forward_path = "lean" if reason is None else "transformers"
         self.lean_unsupported_reason = reason
+        # Why the projections run on plain F.linear rather than oneDNN-packed weights
+        # (`gpu_runtime.packed_linear`), or None when they are packed; each plan built updates it.
+        self.packing_problem: str | None = "the transformers forward serves this model"
+        if reason is None:
+            self.packing_problem = packed_linear.packing_problem(lean_decoder.plan_for(self._model, merge_lora=True))
         # The sampling step (filters + draw) runs as one Triton kernel on CUDA, else in torch.
         self.kernels = selection.choose(self._device)
 
@@ -337,7 +342,8 @@ class Sampler:
             self._plans_version = self._adapters.version
         if key not in self._plans:
             try:
-                self._plans[key] = lean_decoder.plan_for(self._adapters.model, merge_lora=True)
+                plan = lean_decoder.plan_for(self._adapters.model, merge_lora=True)
+                self._plans[key], self.packing_problem = packed_linear.packed_plan(plan)
             except lean_decoder.LeanUnsupported:
                 self._plans[key] = None  # e.g. a DoRA adapter: the transformers forward serves it
         return self._plans[key]

@@ -55,7 +55,10 @@ class ModelHost:
                                      "device": str(self.loaded.device), "dtype": str(self.loaded.dtype),
                                      "identity": self.loaded.identity,
                                      "max_batch_size": self.sampler.max_batch_size,
-                                     "kernels": self.sampler.kernels.to_record()})  # triton or torch, and why
+                                     "kernels": self.sampler.kernels.to_record(),  # triton or torch, and why
+                                     # oneDNN-packed projection weights on the CPU, or why not
+                                     "packed_matmul": {"packed": self.sampler.packing_problem is None,
+                                                       "reason": self.sampler.packing_problem}})
             log.info("model %s loaded on %s", self.loaded.served_model_id, self.loaded.device)
         finally:
             # The heartbeat first: GPU work waits on _ready, so once a job can run, /health already

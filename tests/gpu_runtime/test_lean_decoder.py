@@ -15,7 +15,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from gpu_runtime import lean_decoder
+from gpu_runtime import lean_decoder, lean_plan
 from gpu_runtime.grpo.adapter_io import attach_lora
 from gpu_runtime.grpo.reference import token_logprobs
 
@@ -76,13 +76,27 @@ def _with_random_lora(model):
     return peft
 
 
+@pytest.fixture(params=["stacked", "apart"])
+def projections(request, monkeypatch):
+    """Tiny models run q|k|v and gate|up as one stacked matmul each; larger ones keep them apart."""
+    if request.param == "apart":
+        monkeypatch.setattr(lean_plan, "FUSE_MAX_ELEMENTS", 0)
+    return request.param
+
+
+def _check_layout(plan, projections):
+    assert all((layer.qkv.weight is None) == (projections == "apart") for layer in plan.layers)
+    assert all((layer.gate_up.weight is None) == (projections == "apart") for layer in plan.layers)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
-def test_log_probs_equal_the_transformers_forward(family):
+def test_log_probs_equal_the_transformers_forward(family, projections):
     model = _model(family)
     ids, lengths = _batch()
     with torch.no_grad():
         expected = _hf_logprobs(model, ids, lengths)
         plan = lean_decoder.plan_for(model)
+        _check_layout(plan, projections)
         full = lean_decoder.sequence_logprobs(plan, ids, 6)
         shared = lean_decoder.sequence_logprobs(plan, ids, 6, prefix=6)
     for got in (full, shared):
@@ -91,7 +105,7 @@ def test_log_probs_equal_the_transformers_forward(family):
     assert (full[:, :6] == 0).all()
 
 
-def test_lora_values_gradients_and_disabled_adapter_match_peft():
+def test_lora_values_gradients_and_disabled_adapter_match_peft(projections):
     peft = _with_random_lora(_model("qwen3"))
     ids, lengths = _batch()
     params = [p for _, p in sorted(peft.named_parameters()) if p.requires_grad]
@@ -108,6 +122,7 @@ def test_lora_values_gradients_and_disabled_adapter_match_peft():
 
     hf_values, hf_grads = grads(lambda: _hf_logprobs(peft, ids, lengths))
     plan = lean_decoder.plan_for(peft)
+    _check_layout(plan, projections)
     assert all(len(layer.qkv.parts[0].loras) == 1 for layer in plan.layers)  # LoRA picked up
     for kwargs in ({}, {"prefix": 6}, {"checkpoint_segments": 2}):
         values, lean_grads = grads(lambda kw=kwargs: lean_decoder.sequence_logprobs(plan, ids, 6, **kw))
