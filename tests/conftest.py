@@ -54,6 +54,17 @@ def canary_worker(monkeypatch):
     return worker
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models run far faster on one thread than on two contended ones."""
+    import torch  # here, not at import: most tests never load torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """A tiny model built by the real create-tiny recipe (cached across runs; see tests/support/tiny_cache.py)."""

@@ -25,14 +25,6 @@ pytestmark = pytest.mark.skipif(packed_linear._onednn_problem() is not None,
 
 
 @pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
 def pack_everything(monkeypatch):
     monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", 0)
     monkeypatch.delenv(packed_linear.SWITCH, raising=False)

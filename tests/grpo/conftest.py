@@ -1,4 +1,4 @@
-"""Fixtures for the GRPO trainer tests: one tiny Qwen3 model per session, single-threaded torch.
+"""Fixtures for the GRPO trainer tests: one tiny Qwen3 model per session (`one_thread` is in tests/conftest.py).
 
 The model is built by `gpu_runtime.tiny_model.create_tiny_model` with a short warm-up (it
 answers in the right format about a quarter of the time and almost never correctly), once per
@@ -21,12 +21,3 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models run far faster on one thread than on two contended ones."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

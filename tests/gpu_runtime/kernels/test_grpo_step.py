@@ -14,16 +14,6 @@ import pytest
 from tests.grpo.tiny_support import fixed_groups, run, train_request
 
 
-@pytest.fixture
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def train(model_dir, out, name):
     return run(train_request(model_dir, fixed_groups(2), out, name, kl_coeff=0.05, kl_estimator="k3"))
 
