@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from fractions import Fraction
 
 import pytest
@@ -212,8 +213,25 @@ def test_an_environment_redeployed_between_the_sides_fails_closed(tmp_path):
 
 
 def test_a_stop_cancels_and_publishes_nothing(counter, tmp_path):
+    """The candidate's policy is held until the caller has asked to stop: on a fast machine a small
+    evaluation could otherwise finish between two of the caller's polls, before any stop is seen."""
+    candidate_requested, stop_seen = threading.Event(), threading.Event()
+
+    def hold_the_candidate(adapter):
+        if adapter == CANDIDATE.adapter:
+            candidate_requested.set()
+            assert stop_seen.wait(30), "the caller never asked to stop"
+
+    def should_stop():
+        if candidate_requested.is_set():
+            stop_seen.set()
+            return True
+        return False
+
     seen = []
     with pytest.raises(EnvironmentEvalCancelled):
         evaluate(counter.url, tmp_path, ("naive", "skilled"), eval_config=SMALL, on_progress=seen.append,
-                 should_stop=lambda: any(p["state"] == "collecting_candidate" for p in seen))
+                 should_stop=should_stop, factory=Factory({"agent-v1": "naive", "agent-v2": "skilled"},
+                                                          before=hold_the_candidate))
+    assert stop_seen.is_set() and seen and seen[-1]["state"] != "completed"
     assert not any((tmp_path / "eval").rglob("*.json*"))
