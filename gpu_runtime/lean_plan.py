@@ -17,15 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LayerPlan", "LeanUnsupported", "Plan", "Projection", "Stacked", "plan_for", "unsupported_reason"]
+__all__ = ["LayerPlan", "LeanUnsupported", "Plan", "Projection", "Stacked", "cached_per_tensor", "plan_for",
+           "unsupported_reason"]
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 # Stack q|k|v and gate|up into single matmuls when the stacked copies stay this small (elements,
 # all layers): tiny and small models, where per-call overhead dominates. Larger models keep the
 # projections separate and copy nothing.
 FUSE_MAX_ELEMENTS = 32 * 1024 * 1024
-# id(first part's weight) -> (weakref to it, signature, stacked weight, stacked bias). Keyed by id:
-# tensors compare elementwise, so they cannot be dictionary keys by value.
+# id(first part's weight) -> (weakref to it, signature, (stacked weight, stacked bias)): `cached_per_tensor`.
 _stacked_weights: dict[int, tuple] = {}
 
 
@@ -203,16 +203,25 @@ def _stack(parts: tuple[Projection, ...], fuse: bool, merge: bool) -> Stacked:
         return Stacked(parts, *_stacked(parts))
     # The model's own base weights: stack once, share across plans, restack if they change.
     weights = [p.weight for p in parts] + [p.bias for p in parts if p.bias is not None]
-    signature = tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights)
-    anchor = parts[0].weight
-    cached = _stacked_weights.get(id(anchor))
+
+    def stack():
+        with torch.inference_mode(False):  # plain tensors even when first planned under inference_mode
+            return _stacked(parts)
+
+    return Stacked(parts, *cached_per_tensor(_stacked_weights, parts[0].weight, weights, stack))
+
+
+def cached_per_tensor(cache: dict, anchor: Tensor, inputs: list[Tensor], make):
+    """`make()`, made once per `anchor` tensor and remade when any of `inputs` changes (storage,
+    in-place version or shape). Keyed by id (tensors compare elementwise, so they cannot be keys by
+    value); the entry goes when the anchor is freed."""
+    signature = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in inputs)
+    cached = cache.get(id(anchor))
     if cached is None or cached[0]() is not anchor or cached[1] != signature:
-        # Plain tensors even when first planned under inference_mode: training may use them.
-        with torch.inference_mode(False):
-            cached = (weakref.ref(anchor), signature, *_stacked(parts))
-        weakref.finalize(anchor, _stacked_weights.pop, id(anchor), None)
-        _stacked_weights[id(anchor)] = cached
-    return Stacked(parts, cached[2], cached[3])
+        cached = (weakref.ref(anchor), signature, make())
+        weakref.finalize(anchor, cache.pop, id(anchor), None)
+        cache[id(anchor)] = cached
+    return cached[2]
 
 
 @torch.no_grad()

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 from torch import Tensor
 
-from gpu_runtime.lean_plan import Plan, Projection, Stacked
+from gpu_runtime.lean_plan import Plan, Projection, Stacked, cached_per_tensor
 
 __all__ = ["PackedLinear", "packed_plan", "packing_problem"]
 
@@ -39,8 +38,8 @@ SWITCH = "KILN_PACKED_MATMUL"
 # the CPU's caches, where oneDNN's per-call cost outweighs (the 1.2 M-parameter tiny model at one
 # request: 1,584 tok/s plain, 1,234 packed; the 25.7 M one: 99 -> 135).
 PACK_MIN_ELEMENTS = 4 * 1024 * 1024
-# id(weight) -> (weakref to it, its signature, packed weight): packed once per weight tensor, so the
-# plans the sampler rebuilds after adapter changes reuse the base model's packed weights.
+# Packed weights per weight tensor (`lean_plan.cached_per_tensor`), so the plans the sampler rebuilds
+# after adapter changes reuse the base model's packed weights.
 _packed_weights: dict[int, tuple] = {}
 
 
@@ -106,15 +105,12 @@ class PackedLinear:
 
 def _packed(weight: Tensor) -> Tensor:
     """`weight` packed for oneDNN, once per weight tensor."""
-    signature = (weight.data_ptr(), weight._version, tuple(weight.shape))
-    cached = _packed_weights.get(id(weight))
-    if cached is None or cached[0]() is not weight or cached[1] != signature:
+
+    def pack():
         with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        cached = (weakref.ref(weight), signature, packed)
-        weakref.finalize(weight, _packed_weights.pop, id(weight), None)
-        _packed_weights[id(weight)] = cached
-    return cached[2]
+            return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+    return cached_per_tensor(_packed_weights, weight, [weight], pack)
 
 
 def _pack(projection: Projection | Stacked) -> PackedLinear:
