@@ -3,7 +3,9 @@
 A plan references the model's own tensors (base weights, norms, rotary module) and the LoRA
 terms peft has active at plan time; it copies nothing, except that small models get their q|k|v
 and gate|up base weights stacked once (cached per weight tensor) so each runs as one matmul, and
-inference plans may fold a frozen adapter's LoRA into those stacks (`merge_lora`). Models outside
+inference plans may fold a frozen adapter's LoRA into those stacks (`merge_lora`). On the CPU,
+stacks of models too large for its caches are packed for oneDNN instead of copied plainly
+(`gpu_runtime.onednn_linear`; `Plan.packing_problem` says why not where they are not). Models outside
 the supported shape raise `LeanUnsupported` with the reason. The forward itself is in
 `gpu_runtime.lean_decoder`.
 """
@@ -17,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpu_runtime import onednn_linear
+
 __all__ = ["LayerPlan", "LeanUnsupported", "Plan", "Projection", "Stacked", "cached_per_tensor", "plan_for",
            "unsupported_reason"]
 
@@ -25,9 +29,10 @@ SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 # all layers): tiny and small models, where per-call overhead dominates. Larger models keep the
 # projections separate and copy nothing.
 FUSE_MAX_ELEMENTS = 32 * 1024 * 1024
-# id(first part's weight) -> (weakref to it, signature, (stacked weight, stacked bias)): `cached_per_tensor`.
+# id(first part's weight) -> (weakref to it, signature, (stacked weight, stacked bias)): `cached_per_tensor`;
+# the same for stacks packed for oneDNN.
 _stacked_weights: dict[int, tuple] = {}
-
+_packed_stacks: dict[int, tuple] = {}
 
 
 class LeanUnsupported(Exception):
@@ -73,18 +78,26 @@ class Projection:
 class Stacked:
     """Projections reading the same input, outputs concatenated on the last axis (q|k|v, gate|up).
 
-    Fused (small models): one matmul over the stacked base weights, and each adapter's LoRA as one
-    stacked A and one block-diagonal B (zero blocks add exact zeros). Otherwise the projections run
-    one by one and their outputs are concatenated (no weight copies)."""
+    Fused (small models): one matmul over the stacked base weights (plain, or packed for oneDNN),
+    and each adapter's LoRA as one stacked A and one block-diagonal B (zero blocks add exact zeros).
+    Otherwise the projections run one by one and their outputs are concatenated (no weight copies)."""
 
     parts: tuple[Projection, ...]
-    weight: Tensor | None = None  # stacked base weight when fused
+    weight: Tensor | None = None  # stacked base weight when fused plainly
     bias: Tensor | None = None
+    packed: Tensor | None = None  # onednn_linear.pack(stacked base weight) when fused packed
+
+    @property
+    def fused(self) -> bool:
+        return self.weight is not None or self.packed is not None
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.weight is None:
+        if self.packed is not None:
+            y = onednn_linear.linear(x, self.packed, self.bias, tuple(part.weight for part in self.parts))
+        elif self.weight is None:
             return torch.cat([part(x) for part in self.parts], dim=-1)
-        y = F.linear(x, self.weight, self.bias)
+        else:
+            y = F.linear(x, self.weight, self.bias)
         first = self.parts[0].loras
         if not first:
             return y
@@ -131,6 +144,7 @@ class Plan:
     head_dim: int
     scaling: float
     intermediate: int
+    packing_problem: str | None = None  # why the stacks are not packed for oneDNN (None: they are)
 
 
 def _causal_lm(model) -> nn.Module:
@@ -191,7 +205,7 @@ def _projection(module: nn.Module) -> Projection:
     return Projection(base.weight, base.bias, tuple(loras))
 
 
-def _stack(parts: tuple[Projection, ...], fuse: bool, merge: bool) -> Stacked:
+def _stack(parts: tuple[Projection, ...], fuse: bool, merge: bool, pack: bool) -> Stacked:
     folded = False
     if merge:  # a part with no LoRA (the base model) merges to itself: its stack is the shared one
         merged = tuple(part.merged() for part in parts)
@@ -199,16 +213,19 @@ def _stack(parts: tuple[Projection, ...], fuse: bool, merge: bool) -> Stacked:
         parts = merged
     if not fuse or not _stackable(parts):
         return Stacked(parts)
+
+    def stack() -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # (weight, bias, packed)
+        with torch.inference_mode(False):  # plain tensors even when first planned under inference_mode
+            weight, bias = _stacked(parts)
+        if pack:  # the packed copy replaces the plain one: the cat above is freed on return
+            return None, bias, onednn_linear.pack(weight)
+        return weight, bias, None
+
     if folded:  # a LoRA folded in: these weights are this plan's own (maybe inference tensors): stack afresh
-        return Stacked(parts, *_stacked(parts))
+        return Stacked(parts, *stack())
     # The model's own base weights: stack once, share across plans, restack if they change.
     weights = [p.weight for p in parts] + [p.bias for p in parts if p.bias is not None]
-
-    def stack():
-        with torch.inference_mode(False):  # plain tensors even when first planned under inference_mode
-            return _stacked(parts)
-
-    return Stacked(parts, *cached_per_tensor(_stacked_weights, parts[0].weight, weights, stack))
+    return Stacked(parts, *cached_per_tensor(_packed_stacks if pack else _stacked_weights, parts[0].weight, weights, stack))
 
 
 def cached_per_tensor(cache: dict, anchor: Tensor, inputs: list[Tensor], make):
@@ -267,6 +284,8 @@ def plan_for(model, *, merge_lora: bool = False) -> Plan:
     stacked = len(body.layers) * hidden * ((heads + 2 * kv_heads) * head_dim + 2 * config.intermediate_size)
     fuse = stacked <= FUSE_MAX_ELEMENTS
     merge = merge_lora and fuse
+    packing_problem = onednn_linear.packing_problem(_projection_tensors(body), stacked=fuse)
+    pack = packing_problem is None
     layers = []
     for layer in body.layers:
         attention, mlp = layer.self_attn, layer.mlp
@@ -284,9 +303,10 @@ def plan_for(model, *, merge_lora: bool = False) -> Plan:
                     tuple(_projection(m) for m in (attention.q_proj, attention.k_proj, attention.v_proj)),
                     fuse,
                     merge,
+                    pack,
                 ),
                 o=o.merged() if merge else o,
-                gate_up=_stack((_projection(mlp.gate_proj), _projection(mlp.up_proj)), fuse, merge),
+                gate_up=_stack((_projection(mlp.gate_proj), _projection(mlp.up_proj)), fuse, merge, pack),
                 down=down.merged() if merge else down,
             )
         )
@@ -303,4 +323,16 @@ def plan_for(model, *, merge_lora: bool = False) -> Plan:
         head_dim=head_dim,
         scaling=getattr(body.layers[0].self_attn, "scaling", head_dim**-0.5),
         intermediate=config.intermediate_size,
+        packing_problem=packing_problem,
     )
+
+
+def _projection_tensors(body: nn.Module) -> list[Tensor]:
+    """The base weights and biases of every layer's projections (what packing would copy)."""
+    tensors = []
+    for layer in body.layers:
+        for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                       layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+            base = getattr(module, "base_layer", module)
+            tensors += [t for t in (getattr(base, "weight", None), getattr(base, "bias", None)) if t is not None]
+    return tensors

@@ -260,5 +260,8 @@ def _forward_record(stepper) -> dict:
     reused = stepper.reference_reused_groups
     path = stepper.reference_path or ("recorded_behavior" if reused else None)
     # Steps whose completions ran in micro-batches (the step's maths is unchanged; see GroupStepper).
+    plan = stepper.lean_policy
+    # Whether the lean forward's q|k|v and gate|up ran over oneDNN-packed weights (gpu_runtime.onednn_linear).
+    packed = None if plan is None else {"packed": plan.packing_problem is None, "reason": plan.packing_problem}
     return {"reference_path": path, "reference_reused_groups": reused,
-            "micro_batched_steps": stepper.micro_batched_steps}
+            "micro_batched_steps": stepper.micro_batched_steps, "packed_matmul": packed}
