@@ -91,12 +91,29 @@ def packed_layer_stack_is_packed(stacked) -> bool:
     return stacked.packed is not None and stacked.weight is None and stacked.fused
 
 
-def test_the_packed_copy_replaces_the_plain_stack_and_is_shared_across_plans(loaded, pack_everything):
-    training = lean_decoder.plan_for(attach_lora(loaded.shared_base.fresh_model(), rank=4, alpha=8))
+def test_the_packed_copy_replaces_the_plain_stack_and_is_shared_across_plans(loaded, pack_everything, monkeypatch):
+    adapted = attach_lora(loaded.shared_base.fresh_model(), rank=4, alpha=8)
+    training = lean_decoder.plan_for(adapted)
     sampling = lean_decoder.plan_for(loaded.model, merge_lora=True)
     for a, b in zip(training.layers, sampling.layers, strict=True):
         assert a.qkv.packed is b.qkv.packed and a.gate_up.packed is b.gate_up.packed  # one copy
         assert a.qkv.weight is None and a.gate_up.weight is None  # no plain stacked copy
+
+    # A frozen adapter folded in (the sampler serving it): its own packed stack, the adapter's map.
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05, generator=torch.Generator().manual_seed(3))
+    folded = lean_decoder.plan_for(adapted, merge_lora=True)
+    plain_folded = plain_plan(adapted, monkeypatch, merge_lora=True)
+    assert folded.layers[0].qkv.packed is not sampling.layers[0].qkv.packed
+    assert folded.layers[0].gate_up.packed is sampling.layers[0].gate_up.packed  # no LoRA on the MLP
+    ids = torch.tensor([[5, 17, 99, 3, 42, 7]])
+    with torch.inference_mode():
+        got, _ = lean_decoder.forward(folded, ids)
+        expected, _ = lean_decoder.forward(plain_folded, ids)
+        base, _ = lean_decoder.forward(sampling, ids)
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4) and not torch.allclose(got, base, atol=1e-3)
 
 
 def test_where_packing_does_not_apply_the_plan_is_unchanged_and_says_why(loaded, monkeypatch):
