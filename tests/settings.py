@@ -7,7 +7,9 @@ with the product settings (kiln_project.settings), not these.
 import os
 import tempfile
 
-os.environ.setdefault("KILN_HOME", tempfile.mkdtemp(prefix="kiln-test-home-"))
+# Parallel test processes (pytest-xdist) inherit the first process's environment: each gets its own home.
+if "KILN_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["KILN_HOME"] = tempfile.mkdtemp(prefix=f"kiln-test-home-{os.environ.get('PYTEST_XDIST_WORKER', '')}")
 os.environ.setdefault("KILN_SECRET_KEY", "test-secret-key-not-for-production-0123456789")
 os.environ["KILN_EXTRA_JOB_MODULES"] = "tests.support.job_kinds"
 # Tests write their corpora under the temp folder: a dataset root, as a user's own folder is.

@@ -41,6 +41,19 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1, what: st
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value: {last!r})")
 
 
+def _this_test_process_redis_db(url: str) -> str:
+    """Each parallel test process (pytest-xdist worker gwN) gets database N above the one named.
+
+    A stack flushes its database and its workers take every job queued there: two stacks of two
+    test processes must not share one.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return url
+    base, _, db = url.rpartition("/")
+    return f"{base}/{int(db or 0) + int(worker[2:])}"
+
+
 class Stack:
     def __init__(self, home: Path, *, extra_env: dict | None = None):
         self.home = home
@@ -71,6 +84,7 @@ class Stack:
     def _setup_redis(self) -> None:
         url = os.environ.get("KILN_TEST_REDIS_URL")
         if url:
+            url = _this_test_process_redis_db(url)
             import redis
 
             redis.Redis.from_url(url).flushdb()
