@@ -18,6 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -50,8 +51,11 @@ def _this_test_process_redis_db(url: str) -> str:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw"):
         return url
-    base, _, db = url.rpartition("/")
-    return f"{base}/{int(db or 0) + int(worker[2:])}"
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0) + int(worker[2:])
+    if db > 15:  # Redis has databases 0-15 unless configured otherwise
+        raise RuntimeError(f"{worker} would need Redis database {db}: lower KILN_TEST_PROCESSES")
+    return urlunsplit(parts._replace(path=f"/{db}"))
 
 
 class Stack:
