@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gpu_runtime import fused_elementwise
+from gpu_runtime.fused_elementwise import rotary, swiglu
 from gpu_runtime.lean_plan import LayerPlan, LeanUnsupported, Plan, plan_for, unsupported_reason
 
 __all__ = [
@@ -44,18 +46,12 @@ __all__ = [
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last axis; `weight` broadcasts over the trailing axes it covers."""
-    if x.dtype == torch.float32 and weight.dtype == torch.float32 and weight.dim() == 1:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and fused_elementwise.FUSED_RMS_NORM:
+        return fused_elementwise.rms_norm(x, weight, eps)
     # Reduced precision: normalise in float32 and cast back before the weight, as transformers does.
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 # Below this many attention scores (batch x heads x queries x keys), explicit batched matmuls
@@ -128,7 +124,7 @@ def _layer(plan: Plan, layer: LayerPlan, h: Tensor, cos, sin, how: Attention, pa
     qk, v = qkv.split((heads + kv_heads, kv_heads), dim=2)
     if layer.qk_norm is not None:
         qk = rms_norm(qk, layer.qk_norm, plan.eps)
-    q, k = _rotate(qk.transpose(1, 2), cos, sin).split((heads, kv_heads), dim=1)
+    q, k = rotary(qk.transpose(1, 2), cos, sin).split((heads, kv_heads), dim=1)
     v = v.transpose(1, 2)
     if hasattr(past, "append"):  # a sampler's cache layer (kv_cache.KVLayer): appended in place
         k, v = past.append(k, v)
@@ -142,8 +138,7 @@ def _layer(plan: Plan, layer: LayerPlan, h: Tensor, cos, sin, how: Attention, pa
     attended = _attend(plan, how, q, k, v)
     h = h + layer.o(attended.transpose(1, 2).reshape(batch, length, heads * dim))
     x = rms_norm(h, layer.post_norm, plan.eps)
-    gate, up = layer.gate_up(x).split(plan.intermediate, dim=-1)
-    h = h + layer.down(F.silu(gate) * up)
+    h = h + layer.down(swiglu(layer.gate_up(x), plan.intermediate))
     return h, (k, v)
 
 
