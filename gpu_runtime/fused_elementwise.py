@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 __all__ = ["rms_norm", "rotary", "swiglu"]
 
@@ -41,6 +42,7 @@ class _SwiGLU(torch.autograd.Function):
         return activated * up
 
     @staticmethod
+    @once_differentiable  # the backwards write into their own buffers: no second derivative
     def backward(ctx, grad: Tensor):
         gate_up, activated = ctx.saved_tensors
         gate, up = gate_up.split(ctx.width, dim=-1)
@@ -67,6 +69,7 @@ class _Rotary(torch.autograd.Function):
         return _rotate(x, cos, sin, sign=1.0)
 
     @staticmethod
+    @once_differentiable  # the backwards write into their own buffers: no second derivative
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
         # The rotation's transpose: d x1 = g1*cos1 + g2*sin2, d x2 = g2*cos2 - g1*sin1.
@@ -116,6 +119,7 @@ class _RMSNorm(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the backwards write into their own buffers: no second derivative
     def backward(ctx, grad: Tensor):
         x, rstd, weight = ctx.saved_tensors
         # With n = x * rstd and u = grad * weight: dx = rstd * (u - n * mean(u * n)), written as

@@ -37,7 +37,6 @@ def _tables(length: int, dim: int, dtype):
 def test_swiglu_gradcheck_float64():
     gate_up = torch.randn(3, 5, 14, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: swiglu(t, 7), (gate_up,))
-    assert torch.autograd.gradgradcheck(lambda t: _composed_swiglu(t, 7), (gate_up,))  # the oracle itself
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
