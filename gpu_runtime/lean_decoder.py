@@ -138,8 +138,19 @@ def _layer(plan: Plan, layer: LayerPlan, h: Tensor, cos, sin, how: Attention, pa
     attended = _attend(plan, how, q, k, v)
     h = h + layer.o(attended.transpose(1, 2).reshape(batch, length, heads * dim))
     x = rms_norm(h, layer.post_norm, plan.eps)
-    h = h + layer.down(swiglu(layer.gate_up(x), plan.intermediate))
+    h = h + layer.down(_activated(plan, layer, x))
     return h, (k, v)
+
+
+def _activated(plan: Plan, layer: LayerPlan, x: Tensor) -> Tensor:
+    """The MLP's silu(gate) * up. A fused gate|up is one matmul whose halves `swiglu` reads in
+    place; kept apart (large models), the two outputs are used as they are, not concatenated."""
+    if layer.gate_up.fused:
+        return swiglu(layer.gate_up(x), plan.intermediate)
+    gate, up = (part(x) for part in layer.gate_up.parts)
+    if gate.requires_grad or up.requires_grad:
+        return F.silu(gate) * up
+    return F.silu(gate, inplace=True).mul_(up)  # no backward to feed: reuse the gate's buffer
 
 
 def forward(
