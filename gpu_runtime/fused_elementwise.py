@@ -28,6 +28,12 @@ from torch.autograd.function import once_differentiable
 __all__ = ["rms_norm", "rotary", "swiglu"]
 
 
+def _needs_grad(*tensors: Tensor) -> bool:
+    """Whether autograd will want a backward. The sampler's decode steps do not: there the plain
+    ops run, without an autograd function's per-call cost (measurable on small models)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 class _SwiGLU(torch.autograd.Function):
     """silu(gate) * up, where gate|up are the two halves of `gate_up`'s last axis."""
 
@@ -36,8 +42,6 @@ class _SwiGLU(torch.autograd.Function):
         gate, up = gate_up.split(width, dim=-1)
         activated = F.silu(gate)
         ctx.width = width
-        if not ctx.needs_input_grad[0]:
-            return activated.mul_(up)  # nothing to keep for a backward: one buffer, reused
         ctx.save_for_backward(gate_up, activated)
         return activated * up
 
@@ -57,6 +61,9 @@ def swiglu(gate_up: Tensor, width: int) -> Tensor:
     """silu(gate_up[..., :width]) * gate_up[..., width:] (the MLP activation of Llama-family models)."""
     if gate_up.shape[-1] != 2 * width:
         raise ValueError(f"gate_up's last axis is {gate_up.shape[-1]}, not twice the width {width}")
+    if not _needs_grad(gate_up):  # nothing to keep for a backward: one buffer, reused
+        gate, up = gate_up.split(width, dim=-1)
+        return F.silu(gate).mul_(up)
     return _SwiGLU.apply(gate_up, width)
 
 
@@ -101,6 +108,8 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if cos.requires_grad or sin.requires_grad:
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    if not _needs_grad(x):
+        return _rotate(x, cos, sin, sign=1.0)
     return _Rotary.apply(x, cos, sin)
 
 
@@ -109,12 +118,7 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        size = x.shape[-1]
-        if weight.dim() == 1:  # the fused kernel applies a weight of the normalised axis itself
-            out, rstd = torch.ops.aten._fused_rms_norm(x, [size], weight, eps)
-        else:  # a weight over several trailing axes (Qwen3's stacked per-head q/k norms)
-            out, rstd = torch.ops.aten._fused_rms_norm(x, [size], None, eps)
-            out = out.mul_(weight)
+        out, rstd = _normalised(x, weight, eps)
         ctx.save_for_backward(x, rstd, weight)
         return out
 
@@ -135,6 +139,15 @@ class _RMSNorm(torch.autograd.Function):
         return grad_x, grad_weight, None
 
 
+def _normalised(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(RMSNorm of x, its per-row reciprocal root) from torch's fused kernel."""
+    if weight.dim() == 1:  # the fused kernel applies a weight of the normalised axis itself
+        return torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+    # A weight over several trailing axes (Qwen3's stacked per-head q/k norms).
+    out, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], None, eps)
+    return out.mul_(weight), rstd
+
+
 FUSED_RMS_NORM = hasattr(torch.ops.aten, "_fused_rms_norm")
 
 
@@ -144,4 +157,6 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     without the fused kernel (`FUSED_RMS_NORM` false) the composed ops."""
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or not FUSED_RMS_NORM:
         raise TypeError("the fused rms_norm takes float32 input and weight, on a torch with _fused_rms_norm")
+    if not _needs_grad(x, weight):
+        return _normalised(x, weight, eps)[0]
     return _RMSNorm.apply(x, weight, eps)

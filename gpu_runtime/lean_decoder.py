@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpu_runtime import fused_elementwise
-from gpu_runtime.fused_elementwise import rotary, swiglu
+from gpu_runtime.fused_elementwise import FUSED_RMS_NORM, rotary, swiglu
+from gpu_runtime.fused_elementwise import rms_norm as fused_rms_norm
 from gpu_runtime.lean_plan import LayerPlan, LeanUnsupported, Plan, plan_for, unsupported_reason
 
 __all__ = [
@@ -46,8 +46,8 @@ __all__ = [
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last axis; `weight` broadcasts over the trailing axes it covers."""
-    if x.dtype == torch.float32 and weight.dtype == torch.float32 and fused_elementwise.FUSED_RMS_NORM:
-        return fused_elementwise.rms_norm(x, weight, eps)
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and FUSED_RMS_NORM:
+        return fused_rms_norm(x, weight, eps)
     # Reduced precision: normalise in float32 and cast back before the weight, as transformers does.
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)

@@ -145,3 +145,16 @@ def test_rms_norm_frozen_weight_takes_no_weight_gradient():
 def test_rms_norm_takes_float32_only():
     with pytest.raises(TypeError, match="float32"):
         rms_norm(torch.zeros(2, 4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16), 1e-6)
+
+
+def test_without_grad_the_plain_ops_give_the_same_values():
+    """The no-grad path (the sampler's decode steps) skips the autograd functions: same values."""
+    torch.manual_seed(5)
+    (cos, sin), _ = _tables(6, 8, torch.float32)
+    x = torch.randn(2, 3, 6, 8)
+    norm_weight = torch.rand(6, 8) + 0.5  # over the two trailing axes, as the per-head norms are
+    with torch.no_grad():
+        rotated, normed = rotary(x, cos, sin), rms_norm(x, norm_weight, 1e-6)
+    torch.testing.assert_close(rotated, _composed_rotary(x, cos, sin), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(normed, _composed_rms_norm(x, norm_weight, 1e-6), rtol=1e-5, atol=1e-6)
+    assert rotated.grad_fn is None and normed.grad_fn is None
