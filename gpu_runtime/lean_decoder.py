@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gpu_runtime import chunked_attention
 from gpu_runtime.fused_elementwise import FUSED_RMS_NORM, rotary, swiglu
 from gpu_runtime.fused_elementwise import rms_norm as fused_rms_norm
 from gpu_runtime.lean_plan import LayerPlan, LeanUnsupported, Plan, plan_for, unsupported_reason
@@ -36,7 +37,6 @@ __all__ = [
     "lm_logprobs",
     "plan_for",
     "predicting_hidden",
-    "prefix_attention_mask",
     "rms_norm",
     "sequence_logprobs",
     "shared_prefix",
@@ -57,20 +57,33 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 # Below this many attention scores (batch x heads x queries x keys), explicit batched matmuls
 # beat the fused SDPA kernel's per-call setup on CPU; above it SDPA avoids materialising them.
 SMALL_ATTENTION_SCORES = 1 << 20
+# Above that, a CPU forward with gradients attends in query chunks (`chunked_attention`) while the
+# probabilities it keeps for the backward stay within this many a layer (16 MB in float32): its
+# backward takes about 0.7 of the flash kernel's time. Past the budget the flash kernel runs, whose
+# memory does not grow with the keys.
+CHUNKED_ATTENTION_KEPT_SCORES = 1 << 22
 
 
 @dataclass(frozen=True)
 class Attention:
-    """How every layer of one forward attends: SDPA with a bool mask, or batched matmuls with an
-    additive bias laid out for grouped queries (built once per forward, not once per layer)."""
+    """How every layer of one forward attends (built once per forward, not once per layer):
+    - `sdpa_mask` / is_causal: `scaled_dot_product_attention` (any device);
+    - `bias`: batched matmuls with an additive bias laid out for grouped queries (small CPU calls);
+    - `chunked`: causal attention in query chunks with a hand-written backward (CPU training)."""
 
     sdpa_mask: Tensor | None
     bias: Tensor | None  # (B*KV or 1, group*T, S) additive, for the matmul path
     matmul: bool
+    chunked: bool = False
 
 
 def _attention_for(plan: Plan, batch: int, length: int, keys: int, mask: Tensor | None, device) -> Attention:
-    if batch * plan.heads * length * keys > SMALL_ATTENTION_SCORES or device.type != "cpu":
+    scores = batch * plan.heads * length * keys
+    if scores > SMALL_ATTENTION_SCORES or device.type != "cpu":
+        if mask is None and length > 1 and _chunked_fits(plan, batch, length, keys, device):
+            return Attention(None, None, False, chunked=True)
+        if mask is None and 1 < length < keys:  # SDPA's is_causal aligns to the first key, not the last
+            mask = torch.ones(length, keys, dtype=torch.bool, device=device).tril(keys - length)
         return Attention(mask, None, False)
     group = plan.heads // plan.kv_heads
     if mask is None and length > 1:
@@ -89,8 +102,21 @@ def _attention_for(plan: Plan, batch: int, length: int, keys: int, mask: Tensor 
     return Attention(None, bias, True)
 
 
+def _chunked_fits(plan: Plan, batch: int, length: int, keys: int, device) -> bool:
+    """The chunked path: a float32 CPU forward that will be differentiated, within the kept budget.
+    Without gradients (the sampler, the reference forward) it would only cost memory."""
+    return (
+        device.type == "cpu"
+        and torch.is_grad_enabled()
+        and plan.embed.dtype == torch.float32
+        and chunked_attention.kept_scores(batch, plan.heads, length, keys) <= CHUNKED_ATTENTION_KEPT_SCORES
+    )
+
+
 def _attend(plan: Plan, how: Attention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """q (B, H, T, D) over k, v (B, KV, S, D) -> (B, H, T, D)."""
+    if how.chunked:
+        return chunked_attention.causal_attention(q, k, v, plan.scaling)
     if not how.matmul:
         return F.scaled_dot_product_attention(
             q,
@@ -165,10 +191,10 @@ def forward(
 ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
     """Hidden states (B, T, H) before the final norm, and each layer's full keys/values.
 
-    - no `mask`, no `past`: causal attention. Right-padded rows are exact: a real token never
-      attends to the padding after it.
-    - `mask` (bool, True = may attend), broadcastable to (B, heads, T, past + T); required with
-      `past` unless T == 1 and every past column is visible.
+    - no `mask`: causal attention aligned to the end: every query sees all `past` keys, then this
+      call's keys up to its own position (with `past`, a group's completions over its shared
+      prompt). Right-padded rows are exact: a real token never attends to the padding after it.
+    - `mask` (bool, True = may attend), broadcastable to (B, heads, T, past + T).
     - `positions` (B or 1, T) rotary positions; default past length + arange(T).
     - `past`: per layer (keys, values) of shape (1 or B, kv_heads, P, head_dim); a batch of 1 is
       shared by every row (a group's prompt).
@@ -232,12 +258,6 @@ def lm_logits(plan: Plan, hidden: Tensor) -> Tensor:
     return F.linear(rms_norm(hidden, plan.final_norm, plan.eps), plan.lm_head, plan.lm_head_bias)
 
 
-def prefix_attention_mask(prefix: int, length: int, device) -> Tensor:
-    """(length, prefix + length) bool: every query sees the whole prefix, then causal within."""
-    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    return torch.cat([torch.ones(length, prefix, dtype=torch.bool, device=device), causal], dim=1)
-
-
 def shared_prefix(ids: Tensor, lengths: list[int]) -> int:
     """How many leading tokens every right-padded row shares (within every row's own length)."""
     if ids.shape[0] < 2:
@@ -264,9 +284,8 @@ def predicting_hidden(plan: Plan, ids: Tensor, start: int, *, prefix: int = 0, c
         hidden, _ = forward(plan, ids, checkpoint_segments=checkpoint_segments)
         return hidden[:, start - 1 : width - 1]
     prefix_hidden, prefix_kv = forward(plan, ids[:1, :prefix])
-    suffix_ids = ids[:, prefix:]
-    mask = prefix_attention_mask(prefix, suffix_ids.shape[1], ids.device)
-    suffix_hidden, _ = forward(plan, suffix_ids, mask=mask, past=prefix_kv)
+    # No mask: each completion token sees the whole prompt, then causal within its own row.
+    suffix_hidden, _ = forward(plan, ids[:, prefix:], past=prefix_kv)
     # Positions start-1 .. T-2 predict tokens start .. T-1.
     first = start - 1
     if first >= prefix:

@@ -15,7 +15,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from gpu_runtime import lean_decoder, lean_plan
+from gpu_runtime import chunked_attention, lean_decoder, lean_plan
 from gpu_runtime.grpo.adapter_io import attach_lora
 from gpu_runtime.grpo.reference import token_logprobs
 
@@ -84,6 +84,28 @@ def projections(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["small", "sdpa", "chunked"])
+def attention_path(request, monkeypatch):
+    """Which attention a forward with gradients takes: batched matmuls (small calls), the SDPA
+    kernel, or query chunks (larger CPU training calls; chunks of 3 here so that a 16-token batch
+    runs in several). Returns the calls the chunked path saw."""
+    calls = []
+    if request.param != "small":
+        monkeypatch.setattr(lean_decoder, "SMALL_ATTENTION_SCORES", 0)
+    if request.param == "sdpa":
+        monkeypatch.setattr(lean_decoder, "CHUNKED_ATTENTION_KEPT_SCORES", 0)
+    if request.param == "chunked":
+        monkeypatch.setattr(chunked_attention, "MIN_CHUNK", 3)
+    original = chunked_attention.causal_attention
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return original(*args)
+
+    monkeypatch.setattr(chunked_attention, "causal_attention", counted)
+    return request.param, calls
+
+
 def _check_layout(plan, projections):
     assert all((layer.qkv.weight is None) == (projections == "apart") for layer in plan.layers)
     assert all((layer.gate_up.weight is None) == (projections == "apart") for layer in plan.layers)
@@ -105,7 +127,7 @@ def test_log_probs_equal_the_transformers_forward(family, projections):
     assert (full[:, :6] == 0).all()
 
 
-def test_lora_values_gradients_and_disabled_adapter_match_peft(projections):
+def test_lora_values_gradients_and_disabled_adapter_match_peft(projections, attention_path):
     peft = _with_random_lora(_model("qwen3"))
     ids, lengths = _batch()
     params = [p for _, p in sorted(peft.named_parameters()) if p.requires_grad]
@@ -130,6 +152,10 @@ def test_lora_values_gradients_and_disabled_adapter_match_peft(projections):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
         torch.testing.assert_close(lean_grads, hf_grads, atol=1e-4, rtol=1e-4)
     assert hf_grads.abs().max() > 1e-3  # the comparison is about real gradients
+    path, chunked_calls = attention_path
+    # Both layers of: the full forward, the shared prompt, the completions over it, the
+    # checkpointed forward and its recomputation on backward.
+    assert len(chunked_calls) == (10 if path == "chunked" else 0)
 
     with peft.disable_adapter(), torch.no_grad():
         base_plan = lean_decoder.plan_for(peft)
