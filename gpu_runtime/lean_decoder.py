@@ -62,6 +62,9 @@ SMALL_ATTENTION_SCORES = 1 << 20
 # backward takes about 0.7 of the flash kernel's time. Past the budget the flash kernel runs, whose
 # memory does not grow with the keys.
 CHUNKED_ATTENTION_KEPT_SCORES = 1 << 22
+# ... and only with heads at least this wide: narrower heads make the chunks' matmuls too thin to
+# beat the flash kernel (equal at the tiny model's 24, measured in docs/performance.md).
+CHUNKED_ATTENTION_MIN_HEAD_DIM = 64
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ def _chunked_fits(plan: Plan, batch: int, length: int, keys: int, device) -> boo
         device.type == "cpu"
         and torch.is_grad_enabled()
         and plan.embed.dtype == torch.float32
+        and plan.head_dim >= CHUNKED_ATTENTION_MIN_HEAD_DIM
         and chunked_attention.kept_scores(batch, plan.heads, length, keys) <= CHUNKED_ATTENTION_KEPT_SCORES
     )
 

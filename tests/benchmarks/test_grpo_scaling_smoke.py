@@ -65,3 +65,13 @@ def test_the_anonymous_memory_peak_sees_an_allocation_that_is_gone():
     assert peak - before >= 150
     now = AnonPeak()
     assert peak >= watcher.mib() and now.stop() < peak  # the peak stays; today's use is lower
+
+
+def test_the_floor_at_peak_is_the_ratio_kiln_would_reach_at_its_full_matmul_peak():
+    # Kiln's backward: 830 ms at 65 % of its peak (its FLOPs take 539.5 ms at 100 %); TRL's: 1000 ms.
+    kiln = {"generation_ms": 500.0, "reference_forward_ms": 0.3, "policy_forward_ms": 480.0, "backward_ms": 830.0,
+            "optimizer_ms": 1.0, "share": {"generation_ms": 0.25, "policy_forward_ms": 0.75, "backward_ms": 0.65}}
+    trl = {"generation_ms": 1000.0, "reference_forward_ms": 900.0, "policy_forward_ms": 1000.0, "backward_ms": 1000.0,
+           "optimizer_ms": 5.0}
+    floors = grpo_scaling.floors_at_peak(kiln, trl)
+    assert floors == pytest.approx({"generation": 0.125, "policy_forward": 0.36, "backward": 0.5395})

@@ -96,6 +96,7 @@ def attention_path(request, monkeypatch):
         monkeypatch.setattr(lean_decoder, "CHUNKED_ATTENTION_KEPT_SCORES", 0)
     if request.param == "chunked":
         monkeypatch.setattr(chunked_attention, "MIN_CHUNK", 3)
+        monkeypatch.setattr(lean_decoder, "CHUNKED_ATTENTION_MIN_HEAD_DIM", 8)
     original = chunked_attention.causal_attention
 
     def counted(*args):
@@ -246,3 +247,25 @@ def test_bfloat16_weights_with_float32_lora_match_transformers(family):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=0)  # bf16 rounding only
     moved = [(a - b).abs().max() for a, b in zip(_real(got, lengths, 6), _real(base, lengths, 6), strict=True)]
     assert max(moved) > 0.1  # the adapter matters, so the tolerance above cannot hide a dropped LoRA
+
+
+def test_the_chunked_attention_is_for_wide_heads_in_training_within_its_budget(monkeypatch):
+    plan = lean_decoder.plan_for(_model("qwen3"))  # heads of 8: narrower than the chunked path's minimum
+    monkeypatch.setattr(lean_decoder, "SMALL_ATTENTION_SCORES", 0)
+
+    def chunked(grad=True, **shape):
+        args = dict(batch=4, length=16, keys=22) | shape
+        with torch.set_grad_enabled(grad):
+            how = lean_decoder._attention_for(plan, args["batch"], args["length"], args["keys"], None, plan.embed.device)
+        return how.chunked, how.sdpa_mask
+
+    assert chunked()[0] is False
+    monkeypatch.setattr(lean_decoder, "CHUNKED_ATTENTION_MIN_HEAD_DIM", 8)
+    assert chunked()[0] is True
+    assert chunked(grad=False)[0] is False  # the reference forward and the sampler keep nothing
+    assert chunked(length=1)[0] is False  # a decode step: nothing to chunk
+    # Past the kept budget: SDPA, with the end-aligned mask spelled out (its is_causal aligns to key 0).
+    monkeypatch.setattr(lean_decoder, "CHUNKED_ATTENTION_KEPT_SCORES", 4 * 4 * 16 * 22 - 1)
+    on, mask = chunked()
+    assert on is False
+    assert mask.shape == (16, 22) and mask[0, :7].all() and not mask[0, 7:].any() and mask[-1].all()
