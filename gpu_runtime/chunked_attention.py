@@ -32,10 +32,7 @@ def chunk_size(queries: int) -> int:
 
 def kept_scores(batch: int, heads: int, queries: int, keys: int) -> int:
     """How many probabilities `causal_attention` keeps for the backward."""
-    chunk, offset, total = chunk_size(queries), keys - queries, 0
-    for start in range(0, queries, chunk):
-        total += min(chunk, queries - start) * (offset + min(start + chunk, queries))
-    return batch * heads * total
+    return batch * heads * sum(count * visible for _, count, visible in _chunks(queries, keys))
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
