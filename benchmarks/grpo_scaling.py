@@ -293,7 +293,6 @@ def floors_at_peak(kiln: dict, trl: dict) -> dict[str, float]:
     }
 
 
-
 def print_table(results: dict, peak: float, sides: list[str], args) -> list[str]:
     lines = []
 

@@ -81,18 +81,18 @@ class Attention:
 
 
 def _attention_for(plan: Plan, batch: int, length: int, keys: int, mask: Tensor | None, device) -> Attention:
-    scores = batch * plan.heads * length * keys
-    if scores > SMALL_ATTENTION_SCORES or device.type != "cpu":
-        if mask is None and length > 1 and _chunked_fits(plan, batch, length, keys, device):
-            return Attention(None, None, False, chunked=True)
-        if mask is None and 1 < length < keys:  # SDPA's is_causal aligns to the first key, not the last
-            mask = torch.ones(length, keys, dtype=torch.bool, device=device).tril(keys - length)
-        return Attention(mask, None, False)
-    group = plan.heads // plan.kv_heads
-    if mask is None and length > 1:
+    large = batch * plan.heads * length * keys > SMALL_ATTENTION_SCORES or device.type != "cpu"
+    if large and mask is None and length > 1 and _chunked_fits(plan, batch, length, keys, device):
+        return Attention(None, None, False, chunked=True)
+    # SDPA's is_causal aligns to the first key, so past keys need the end-aligned mask spelled out;
+    # the matmul path always adds it as a bias.
+    if mask is None and length > 1 and (length < keys or not large):
         mask = torch.ones(length, keys, dtype=torch.bool, device=device).tril(keys - length)
+    if large:
+        return Attention(mask, None, False)
     if mask is None:
         return Attention(None, None, True)
+    group = plan.heads // plan.kv_heads
     mask = mask if mask.dim() == 4 else mask.view(1, 1, *mask.shape[-2:])
     # Query heads h*group .. h*group+group-1 share key head h; their rows stack along the query
     # axis, so the (T, S) mask tiles `group` times.
