@@ -10,7 +10,9 @@
 #   KILN             how to run the CLI (default `kiln`; e.g. "python -m kiln_project.cli.main")
 #   PREFIX           adapter name prefix (default math); every round needs a new name
 #   SEEDS            completions per task (default 8)
-#   OUT              where the rollouts and summaries go (default ./runs next to this script)
+#   OUT              where the rollouts and summaries go (default ./grpo-math-runs in the folder you
+#                    run this from). The server reads the rollouts file itself, and by default only
+#                    under the folder `kiln serve` was started in (and KILN_HOME): run this from there.
 #   TRAIN_CONFIG     extra JSON merged into config for both rounds (default {}), e.g. '{"lora_rank": 4}'
 #   HELDOUT_SEEDS    if > 0, score base and round one on heldout-tasks.jsonl (never trained on)
 #                    before round two, as a rough sanity check (default 4; 0 skips it). It is not
@@ -25,7 +27,7 @@ url="${url%/}"
 read -r -a kiln <<<"${KILN:-kiln}"
 prefix="${PREFIX:-math}"
 seeds="${SEEDS:-8}"
-out="${OUT:-$here/runs}"
+out="${OUT:-$PWD/grpo-math-runs}"
 train_config="${TRAIN_CONFIG:-{\}}"
 heldout_seeds="${HELDOUT_SEEDS:-4}"
 heldout_gate="${HELDOUT_GATE:-0}"
