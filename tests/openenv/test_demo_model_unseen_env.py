@@ -30,7 +30,6 @@ from gpu_runtime.sampling import SamplingParams
 from openenv.collector import PolicyReply
 from tests.openenv.collector_fakes import config_for, run_collection
 from tests.openenv.real_server import ENV_SOURCE, RealServer, openenv_python
-from tests.support.tiny_cache import cached_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -40,8 +39,8 @@ MAX_INVALID_SHARE = 0.75  # at most this share of episodes may end at an invalid
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    return load_model(cached_tiny_model()[0])
+def loaded(tiny_model_dir):
+    return load_model(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
