@@ -78,12 +78,14 @@ def scored_groups(results: list) -> list[dict]:
 
 
 def build_tiny_model(parent: Path, warm_steps: int) -> Path:
-    """The tiny model (default recipe, seed 0, `warm_steps` warm-up steps) under `parent`."""
+    """The tiny model (default recipe, seed 0, `warm_steps` warm-up steps) under `parent`.
+
+    Without the second (OpenEnv schema) phase: speed does not depend on it, and it takes minutes."""
     from gpu_runtime.tiny_model import create_tiny_model
 
     model_dir = Path(parent) / "tiny"
     print(f"building the tiny model ({warm_steps} warm-up steps)...", flush=True)
-    create_tiny_model(model_dir, seed=0, warm_steps=warm_steps)
+    create_tiny_model(model_dir, seed=0, warm_steps=warm_steps, schema_steps=0)
     return model_dir
 
 

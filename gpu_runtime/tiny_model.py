@@ -13,19 +13,29 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import jsonschema
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from core.artifacts import publish_directory
 from core.canonical import json_digest
 from gpu_runtime.chat_template import CHAT_TEMPLATE, ENDOFTEXT, IM_END, MARKUP_TOKENS, SPECIAL_TOKENS
 from gpu_runtime.identity import file_manifest, manifest_digest
 from gpu_runtime.tiny_release import RECIPE_FILE
+from gpu_runtime.tiny_schema_tasks import SchemaEpisodes, SecondPhaseSampler
 from gpu_runtime.tiny_tasks import SYSTEM_PROMPT, Example, TaskSampler, held_out_arithmetic, tokenizer_corpus
 
 RECIPE_SCHEMA = "kiln.tiny-model.v1"
@@ -46,6 +56,14 @@ WARM_THREADS = 1  # fixed: GEMM reductions split differently with other counts, 
 # stays fast when other processes share the CPU (OpenMP threads that spin on a busy core do not)
 THINKING_FRACTION = 0.25
 SYSTEM_FRACTION = 0.3
+# The second phase (OpenEnv actions under random schemas; gpu_runtime/tiny_schema_tasks.py) continues
+# from the first with a fresh optimizer and its own stream (seed + 1). `--schema-steps 1500` is the
+# measured candidate; the release does not include it yet (docs/tiny-model.md says why).
+DEFAULT_SCHEMA_STEPS = 0
+SCHEMA_LEARNING_RATE = 1.5e-3
+SCHEMA_FRACTION = 0.85
+SCHEMA_PROBES = 64  # held-out-key schemas in the recorded validity measurement
+SCHEMA_TEMPERATURE = 1.0  # the OpenEnv collector's default
 EVAL_PROMPTS = 200
 EVAL_TEMPERATURE = 0.9
 EVAL_SEED = 7
@@ -54,9 +72,14 @@ QWEN_SPLIT_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\
 
 
 def create_tiny_model(
-    out_dir: Path, *, seed: int = 0, warm_steps: int = DEFAULT_WARM_STEPS, overwrite: bool = False
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    warm_steps: int = DEFAULT_WARM_STEPS,
+    schema_steps: int = DEFAULT_SCHEMA_STEPS,
+    overwrite: bool = False,
 ) -> dict:
-    """Build, warm, evaluate and atomically publish the tiny model into `out_dir`; return a summary.
+    """Build, warm (the first phase, then `schema_steps` of the second), evaluate and publish into `out_dir`.
 
     `out_dir` must not exist or be an empty directory, unless `overwrite` is set: then an existing
     directory is replaced only once the new model is complete. The summary has the recipe written
@@ -66,8 +89,8 @@ def create_tiny_model(
     occupied = out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
     if occupied and not (overwrite and out_dir.is_dir()):
         raise FileExistsError(f"{out_dir} exists and is not an empty directory")
-    if warm_steps < 0:
-        raise ValueError("warm_steps must be >= 0")
+    if warm_steps < 0 or schema_steps < 0:
+        raise ValueError("warm_steps and schema_steps must be >= 0")
     started = time.perf_counter()
     with _deterministic_cpu():
         corpus = tokenizer_corpus()
@@ -76,8 +99,12 @@ def create_tiny_model(
         model = build_model(tokenizer)
         warm_started = time.perf_counter()
         losses = warm_up(model, tokenizer, seed=seed, steps=warm_steps)
+        second_phase = SecondPhaseSampler(seed + 1, letter_pieces(tokenizer), SCHEMA_FRACTION)
+        schema_losses = warm_up(model, tokenizer, seed=seed + 1, steps=schema_steps, tasks=second_phase,
+                                learning_rate=SCHEMA_LEARNING_RATE)
         warm_seconds = time.perf_counter() - warm_started
         accuracy = measure_accuracy(model, tokenizer)
+        schema_validity = measure_schema_validity(model, tokenizer) if schema_steps else None
     recipe = {
         "schema": RECIPE_SCHEMA,
         "seed": seed,
@@ -94,6 +121,14 @@ def create_tiny_model(
         "held_out_accuracy": accuracy,
         "torch_version": torch.__version__,
     }
+    if schema_steps:  # absent when the second phase does not run, so such a build still matches the release
+        recipe.update(
+            schema_steps=schema_steps,
+            schema_learning_rate=SCHEMA_LEARNING_RATE,
+            schema_fraction=SCHEMA_FRACTION,
+            schema_final_loss=round(schema_losses[-1], 6),
+            held_out_schema_validity=schema_validity,
+        )
     _publish(out_dir, model, tokenizer, recipe, replace=overwrite)
     weights = file_manifest(out_dir, ["model.safetensors"])
     return dict(
@@ -185,18 +220,23 @@ def encode_examples(
     return [(p + a, len(p)) for p, a in zip(prompt_ids, answer_ids, strict=True)]
 
 
-def warm_up(model, tokenizer, *, seed: int, steps: int) -> list[float]:
-    """Supervised warm-up on the answer tokens only; returns the per-step losses."""
+def warm_up(
+    model, tokenizer, *, seed: int, steps: int, tasks=None, learning_rate: float = LEARNING_RATE, on_step=None
+) -> list[float]:
+    """Supervised warm-up on the answer tokens only; returns the per-step losses.
+
+    `tasks` is the example stream (`sample()`, `coin(p)`); the first phase's `TaskSampler(seed)` by
+    default. `on_step(step, loss)` is called after every optimizer step (progress, probes)."""
     if steps == 0:
         return []
-    tasks = TaskSampler(seed)
+    tasks = tasks if tasks is not None else TaskSampler(seed)
     examples, flags = [], []
     for _ in range(steps * BATCH_SIZE):
         examples.append(tasks.sample())
         flags.append((tasks.coin(THINKING_FRACTION), tasks.coin(SYSTEM_FRACTION)))
     encoded = encode_examples(tokenizer, examples, flags)
     pad_id = tokenizer.pad_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.98), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.98), weight_decay=0.0)
     warmup = max(1, steps // 20)
 
     def lr_scale(step: int) -> float:
@@ -230,6 +270,8 @@ def warm_up(model, tokenizer, *, seed: int, steps: int) -> list[float]:
         optimizer.step()
         scheduler.step()
         losses.append(total / answer_tokens)
+        if on_step is not None:
+            on_step(step, losses[-1])
     model.eval()
     return losses
 
@@ -263,37 +305,15 @@ def measure_accuracy(
 ) -> dict:
     """Sample one answer per held-out arithmetic prompt (thinking off) and count exact matches.
 
-    Deliberately independent of gpu_runtime.sampler: a plain full-sequence forward per step and
+    Deliberately independent of gpu_runtime.sampler: the plain Hugging Face forward and
     torch.multinomial under a seeded generator, so the recorded figure does not depend on the
     code it is later used to test.
     """
     model.eval()
     examples = held_out_arithmetic(count)
     encoded = encode_examples(tokenizer, examples, [(False, False)] * count)
-    prompts = [ids[:n] for ids, n in encoded]
-    eos = tokenizer.convert_tokens_to_ids(IM_END)
-    width = max(len(p) for p in prompts)
-    pad = tokenizer.pad_token_id
-    seqs = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    generator = torch.Generator().manual_seed(seed)
-    done = torch.zeros(count, dtype=torch.bool)
-    outputs: list[list[int]] = [[] for _ in range(count)]
-    for _ in range(8):
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=seqs, attention_mask=mask, position_ids=positions).logits[:, -1].float()
-        probs = torch.softmax(logits / temperature, dim=-1)
-        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        for row in range(count):
-            if not done[row]:
-                if int(nxt[row]) == eos:
-                    done[row] = True
-                else:
-                    outputs[row].append(int(nxt[row]))
-        seqs = torch.cat([seqs, nxt[:, None]], dim=1)
-        mask = torch.cat([mask, torch.ones(count, 1, dtype=mask.dtype)], dim=1)
-        if bool(done.all()):
-            break
+    outputs, done = _sample_plain(model, tokenizer, [ids[:n] for ids, n in encoded],
+                                  temperature=temperature, seed=seed, max_new_tokens=8)
     correct = sum(
         1
         for ex, out, finished in zip(examples, outputs, done.tolist(), strict=True)
@@ -307,6 +327,77 @@ def measure_accuracy(
         "sampling_seed": seed,
         "thinking": False,
     }
+
+
+@torch.inference_mode()
+def measure_schema_validity(
+    model, tokenizer, *, count: int = SCHEMA_PROBES, temperature: float = SCHEMA_TEMPERATURE, seed: int = EVAL_SEED
+) -> dict:
+    """The share of OpenEnv actions that pass their schema, on schemas whose field names the warm-up
+    never trained (held out by hash): one sample per schema, thinking off, Kiln's system prompt."""
+    model.eval()
+    episodes = SchemaEpisodes(random.Random(seed), letter_pieces(tokenizer))
+    schemas, examples = [], []
+    for _ in range(count):
+        schema, required, action = episodes.schema(held_out=True)
+        messages, answer, reasoning = episodes.conversation(schema, required, action)
+        schemas.append(schema)
+        examples.append(Example("openenv", messages[-1]["content"], answer, reasoning, tuple(messages)))
+    encoded = encode_examples(tokenizer, examples, [(False, False)] * count)
+    outputs, done = _sample_plain(model, tokenizer, [ids[:n] for ids, n in encoded],
+                                  temperature=temperature, seed=seed, max_new_tokens=48)
+    valid = sum(
+        1
+        for schema, out, finished in zip(schemas, outputs, done.tolist(), strict=True)
+        if finished and _is_valid_action(tokenizer.decode(out, skip_special_tokens=True), schema)
+    )
+    return {"schemas": count, "valid": valid, "validity": round(valid / count, 4), "temperature": temperature,
+            "sampling_seed": seed, "thinking": False}
+
+
+def _is_valid_action(text: str, schema: dict) -> bool:
+    try:
+        action = json.loads(text.strip())
+    except ValueError:
+        return False
+    return isinstance(action, dict) and jsonschema.Draft202012Validator(schema).is_valid(action)
+
+
+def letter_pieces(tokenizer) -> list[str]:
+    """The tokenizer's letter-only entries: the pieces the second phase builds made-up keys from."""
+    return sorted(piece for piece in tokenizer.get_vocab() if re.fullmatch(r"[a-z]+", piece))
+
+
+def _sample_plain(model, tokenizer, prompts: list[list[int]], *, temperature: float, seed: int, max_new_tokens: int):
+    """Left-padded batch sampling with the plain Hugging Face forward (and its KV cache) and a seeded
+    generator, deliberately independent of gpu_runtime.sampler. Returns (token ids per row, finished mask)."""
+    count = len(prompts)
+    eos = tokenizer.convert_tokens_to_ids(IM_END)
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    seqs = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    generator = torch.Generator().manual_seed(seed)
+    done = torch.zeros(count, dtype=torch.bool)
+    outputs: list[list[int]] = [[] for _ in range(count)]
+    cache, step_ids = DynamicCache(config=model.config), seqs
+    for _ in range(max_new_tokens):
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
+        logits = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                       use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        probs = torch.softmax(logits / temperature, dim=-1)
+        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        for row in range(count):
+            if not done[row]:
+                if int(nxt[row]) == eos:
+                    done[row] = True
+                else:
+                    outputs[row].append(int(nxt[row]))
+        step_ids = nxt[:, None]
+        mask = torch.cat([mask, torch.ones(count, 1, dtype=mask.dtype)], dim=1)
+        if bool(done.all()):
+            break
+    return outputs, done
 
 
 @contextmanager

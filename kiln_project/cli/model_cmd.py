@@ -1,7 +1,7 @@
 """`kiln model create-tiny DIR [--rebuild] [--seed N]`: install the demo/test model (local).
 
 By default the shipped release is copied and verified byte for byte, so every machine serves the
-same model in seconds. `--rebuild` (implied by `--seed` or `--warm-steps`) runs the recipe
+same model in seconds. `--rebuild` (implied by `--seed`, `--warm-steps` or `--schema-steps`) runs the recipe
 instead, which takes minutes and gives bytes that depend on the CPU.
 """
 
@@ -22,6 +22,9 @@ def add_parser(subparsers) -> None:
     tiny.add_argument("--seed", type=int, default=None, help="recipe seed (implies --rebuild; default 0)")
     tiny.add_argument("--warm-steps", type=int, default=None,
                       help="recipe warm-up steps (implies --rebuild; default: the documented recipe)")
+    tiny.add_argument("--schema-steps", type=int, default=None,
+                      help="second-phase steps, OpenEnv actions under random schemas (implies --rebuild; "
+                           "default: the documented recipe)")
     tiny.add_argument("--force", action="store_true", help="replace an existing model in DIR")
     model.set_defaults(handler=run)
 
@@ -40,7 +43,9 @@ def run(args) -> int:
         raise CliError("invalid_seed", "--seed must be a non-negative integer")
     if args.warm_steps is not None and args.warm_steps < 0:
         raise CliError("invalid_warm_steps", "--warm-steps must be a non-negative integer")
-    if args.rebuild or args.seed is not None or args.warm_steps is not None:
+    if args.schema_steps is not None and args.schema_steps < 0:
+        raise CliError("invalid_schema_steps", "--schema-steps must be a non-negative integer")
+    if args.rebuild or args.seed is not None or args.warm_steps is not None or args.schema_steps is not None:
         summary = _rebuild(target, args)
     else:
         from gpu_runtime.tiny_release import TinyReleaseError, install
@@ -64,6 +69,8 @@ def _rebuild(target: Path, args) -> dict:
     kwargs = {"seed": args.seed or 0, "overwrite": args.force}
     if args.warm_steps is not None:
         kwargs["warm_steps"] = args.warm_steps
+    if args.schema_steps is not None:
+        kwargs["schema_steps"] = args.schema_steps
     try:
         summary = create_tiny_model(target, **kwargs)
     except FileExistsError as exc:

@@ -58,7 +58,7 @@ def test_the_tiny_model_recipe(tmp_path, disk_full):
     from gpu_runtime.tiny_model import create_tiny_model
 
     with pytest.raises(OSError):
-        create_tiny_model(tmp_path / "m", warm_steps=0)
+        create_tiny_model(tmp_path / "m", warm_steps=0, schema_steps=0)
     assert disk_full and os.listdir(tmp_path) == []
 
 

@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoTokenizer
 from gpu_runtime.identity import file_sha256
 from gpu_runtime.sample_types import SampleRequest
 from gpu_runtime.sampling import SamplingParams
-from gpu_runtime.tiny_model import DEFAULT_WARM_STEPS, RECIPE_FILE, create_tiny_model
+from gpu_runtime.tiny_model import DEFAULT_SCHEMA_STEPS, DEFAULT_WARM_STEPS, RECIPE_FILE, create_tiny_model
 from gpu_runtime.tiny_tasks import held_out_arithmetic, is_held_out
 
 EXPECTED_FILES = {
@@ -29,9 +29,9 @@ def digests(path):
 
 
 def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(tmp_path):
-    first = create_tiny_model(tmp_path / "a", seed=3, warm_steps=3)
-    second = create_tiny_model(tmp_path / "b", seed=3, warm_steps=3)
-    other = create_tiny_model(tmp_path / "c", seed=4, warm_steps=3)
+    first = create_tiny_model(tmp_path / "a", seed=3, warm_steps=3, schema_steps=2)
+    second = create_tiny_model(tmp_path / "b", seed=3, warm_steps=3, schema_steps=2)
+    other = create_tiny_model(tmp_path / "c", seed=4, warm_steps=3, schema_steps=2)
     assert set(digests(tmp_path / "a")) == EXPECTED_FILES
     assert digests(tmp_path / "a") == digests(tmp_path / "b")
     assert first["weights_sha256"] == second["weights_sha256"] != other["weights_sha256"]
@@ -44,10 +44,10 @@ def test_refuses_a_non_empty_directory(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError):
-        create_tiny_model(tmp_path / "m", warm_steps=0)
+        create_tiny_model(tmp_path / "m", warm_steps=0, schema_steps=0)
     assert (tmp_path / "m" / "keep.txt").read_text() == "mine"
     # overwrite=True (the CLI's --force) replaces the directory once the new model is complete.
-    create_tiny_model(tmp_path / "m", warm_steps=0, overwrite=True)
+    create_tiny_model(tmp_path / "m", warm_steps=0, schema_steps=0, overwrite=True)
     assert set(p.name for p in (tmp_path / "m").iterdir()) == EXPECTED_FILES
     assert [p.name for p in tmp_path.iterdir()] == ["m"]
 
@@ -57,6 +57,7 @@ def test_recipe_file_and_architecture(tiny_model):
     recipe = json.loads((path / RECIPE_FILE).read_text())
     assert recipe["schema"] == "kiln.tiny-model.v1"
     assert recipe["seed"] == 0 and recipe["warm_steps"] == DEFAULT_WARM_STEPS
+    assert recipe.get("schema_steps", 0) == DEFAULT_SCHEMA_STEPS
     assert recipe["corpus_sha256"].startswith("sha256:")
     assert recipe["held_out_accuracy"] == summary["held_out_accuracy"]
     config = AutoConfig.from_pretrained(path, local_files_only=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpu_runtime import tiny_release
-from gpu_runtime.tiny_model import DEFAULT_WARM_STEPS
+from gpu_runtime.tiny_model import DEFAULT_SCHEMA_STEPS, DEFAULT_WARM_STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_shipped_release_matches_its_manifest_and_the_documented_digest():
     manifest = tiny_release.verify()
     assert manifest["recipe"]["seed"] == 0 and manifest["recipe"]["warm_steps"] == DEFAULT_WARM_STEPS
+    assert manifest["recipe"].get("schema_steps", 0) == DEFAULT_SCHEMA_STEPS
     assert {entry["file"] for entry in manifest["files"]} >= {"config.json", "model.safetensors", "tokenizer.json"}
     documented = re.findall(r"sha256:[0-9a-f]{64}", (REPO / "docs" / "tiny-model.md").read_text())
     assert manifest["model_sha256"] in documented, "docs/tiny-model.md names another demo model"
@@ -69,3 +70,23 @@ def test_cli_prints_the_documented_digest_and_refuses_an_existing_model(tmp_path
     assert printed["model_sha256"] == digest and printed["source"] == "release"
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert again.returncode != 0 and "model_exists" in again.stderr and again.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--seed", "--warm-steps", "--schema-steps"])
+def test_cli_refuses_a_negative_recipe_number_with_one_line(tmp_path, flag):
+    cmd = [sys.executable, "-m", "kiln_project.cli.main", "model", "create-tiny", str(tmp_path / "m"), flag, "-1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    code = {"--seed": "invalid_seed", "--warm-steps": "invalid_warm_steps", "--schema-steps": "invalid_schema_steps"}
+    assert done.returncode != 0 and code[flag] in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "m").exists()
+
+
+def test_cli_rebuild_runs_both_phases_of_the_recipe(tmp_path):
+    cmd = [sys.executable, "-m", "kiln_project.cli.main", "model", "create-tiny", str(tmp_path / "m"),
+           "--warm-steps", "2", "--schema-steps", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
+    assert printed["source"] == "recipe" and printed["matches_release"] is False
+    assert (printed["warm_steps"], printed["schema_steps"]) == (2, 1) and printed["schema_final_loss"] > 0
+    assert printed["held_out_schema_validity"]["schemas"] == 64

@@ -17,7 +17,7 @@ def tiny_model_dir(tmp_path_factory):
     from gpu_runtime.tiny_model import create_tiny_model
 
     path = tmp_path_factory.mktemp("grpo-tiny") / "model"
-    create_tiny_model(path, seed=0, warm_steps=TINY_WARM_STEPS)
+    create_tiny_model(path, seed=0, warm_steps=TINY_WARM_STEPS, schema_steps=0)
     return path
 
 

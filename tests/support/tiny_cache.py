@@ -17,6 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE_SOURCES = ("gpu_runtime/tiny_model.py", "gpu_runtime/tiny_tasks.py", "gpu_runtime/tiny_openenv_tasks.py",
+                  "gpu_runtime/tiny_schema_tasks.py",
                   "core/contracts/openenv_prompt.py", "gpu_runtime/chat_template.py", "gpu_runtime/identity.py")
 
 
@@ -24,37 +25,45 @@ def cache_root() -> Path:
     return Path(os.environ.get("KILN_TEST_MODEL_CACHE", Path.home() / ".cache" / "kiln-test-models"))
 
 
-def recipe_key(seed: int, warm_steps: int) -> str:
+def recipe_key(seed: int, warm_steps: int, schema_steps: int) -> str:
     import torch
 
-    digest = hashlib.sha256(f"{seed}:{warm_steps}:{torch.__version__}".encode())
+    digest = hashlib.sha256(f"{seed}:{warm_steps}:{schema_steps}:{torch.__version__}".encode())
     for source in RECIPE_SOURCES:
         digest.update((REPO / source).read_bytes())
     return digest.hexdigest()[:16]
 
 
-def cached_tiny_model(*, seed: int = 0, warm_steps: int | None = None) -> tuple[Path, dict]:
+def cached_tiny_model(
+    *, seed: int = 0, warm_steps: int | None = None, schema_steps: int | None = None
+) -> tuple[Path, dict]:
     """(path, recipe summary) of the release (the default) or of a recipe build, made at most once."""
     from gpu_runtime import tiny_release
-    from gpu_runtime.tiny_model import DEFAULT_WARM_STEPS, RECIPE_FILE, create_tiny_model
+    from gpu_runtime.tiny_model import (
+        DEFAULT_SCHEMA_STEPS,
+        DEFAULT_WARM_STEPS,
+        RECIPE_FILE,
+        create_tiny_model,
+    )
 
     steps = DEFAULT_WARM_STEPS if warm_steps is None else warm_steps
+    second = DEFAULT_SCHEMA_STEPS if schema_steps is None else schema_steps
     shipped = tiny_release.read_manifest()["recipe"]
-    use_release = (seed, steps) == (shipped["seed"], shipped["warm_steps"])
+    use_release = (seed, steps, second) == (shipped["seed"], shipped["warm_steps"], shipped.get("schema_steps", 0))
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     if use_release:
         digest = tiny_release.read_manifest()["model_sha256"].removeprefix("sha256:")[:16]
         path = root / f"tiny-release-{digest}"
     else:
-        path = root / f"tiny-seed{seed}-steps{steps}-{recipe_key(seed, steps)}"
+        path = root / f"tiny-seed{seed}-steps{steps}-{second}-{recipe_key(seed, steps, second)}"
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be building the same model
         if not (path / RECIPE_FILE).is_file():
             if use_release:
                 tiny_release.install(path)
             else:
-                create_tiny_model(path, seed=seed, warm_steps=steps)
+                create_tiny_model(path, seed=seed, warm_steps=steps, schema_steps=second)
     return path, json.loads((path / RECIPE_FILE).read_text())
 
 
