@@ -1,18 +1,19 @@
 """The shipped demo model collects real episodes through Kiln's collector, with returns that differ in a group.
 
-Real environments served by openenv==0.10.0 in their own venv: the counter
-(tests/openenv/interop_env/kiln_interop_env.py, an environment the warm-up never saw, with an
-action field named like the warm-up's) and a number-guessing game (kiln_guess_env.py, whose action
-field `guess` appears nowhere in the warm-up). The policy is the real sampler over the release,
-answering Kiln's own system prompt at the collector's default temperature, thinking off and on.
-An episode whose first action fails validation ends `invalid_model_action` with the protocol-error
-reward, so returns differ within a group only when the model acts validly often enough.
+Real environments served by openenv==0.10.0 in their own venv, none of them in the warm-up: the
+counter (tests/openenv/interop_env/kiln_interop_env.py, an integer field named like the warm-up's),
+a number-guessing game (kiln_guess_env.py, field `guess`) and a paint shop (kiln_paint_env.py, an
+enum field `color`, a name the recipe's second phase holds out). The policy is the real sampler over
+the release, answering Kiln's own system prompt at the collector's default temperature, thinking
+off and on. An episode whose first action fails validation ends `invalid_model_action` with the
+protocol-error reward, so returns differ within a group only when the model acts validly often
+enough.
 
-A known gap, tracked here as a strict expected failure (docs/tiny-model.md, "OpenEnv environments
-with other action fields"): the release answers with one of the field names its warm-up used
-(`{"delta": 3}`, `{"step": 1}`), never `guess`, so every episode ends at its first action and no
-group has different returns. When a release copies unseen keys, this test passes, strict xfail
-turns that into a failure, and the marker comes off.
+A known gap, tracked as strict expected failures (docs/tiny-model.md, "OpenEnv environments with
+any action fields"): the release answers with one of the field names its warm-up used
+(`{"delta": 3}`), never `guess` or `color`, so every episode ends at its first action. A build with
+the recipe's second phase copies them but fails more later turns with thinking on; when a release
+passes these, strict xfail turns that into a failure and the marker comes off.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.openenv.real_server import ENV_SOURCE, RealServer, openenv_python
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 GUESS_ENV = Path(__file__).with_name("interop_env") / "kiln_guess_env.py"
+PAINT_ENV = Path(__file__).with_name("interop_env") / "kiln_paint_env.py"
 GROUPS, GROUP_SIZE = 6, 4
 MAX_INVALID_SHARE = 0.75  # at most this share of episodes may end at an invalid action
 
@@ -67,8 +69,10 @@ class SamplerPolicy:
                            behavior_policy=dict(self.behavior), tokens=len(result.completion_token_ids))
 
 
-UNSEEN_KEY = pytest.mark.xfail(strict=True, reason="the demo model answers unseen action keys with the ones it was warmed on")
-ENVIRONMENTS = [pytest.param(ENV_SOURCE, id="counter"), pytest.param(GUESS_ENV, id="guess", marks=UNSEEN_KEY)]
+UNSEEN_KEY = pytest.mark.xfail(strict=True, reason="the shipped demo model answers unseen action keys with the "
+                               "ones its warm-up used (docs/tiny-model.md, 'OpenEnv environments with any action fields')")
+ENVIRONMENTS = [pytest.param(ENV_SOURCE, id="counter"), pytest.param(GUESS_ENV, id="guess", marks=UNSEEN_KEY),
+                pytest.param(PAINT_ENV, id="paint", marks=UNSEEN_KEY)]
 
 
 @pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])

@@ -1,0 +1,102 @@
+"""How often a model answers Kiln's OpenEnv system prompt with a schema-valid action, per schema.
+
+    python benchmarks/tiny_openenv_probe.py [MODEL_DIR] [--samples 8] [--thinking]
+
+Prints, for named one-field schemas (`guess`, `message`, `direction`, ...), two fields (`row` +
+`col`), the counter, and schemas whose field names the tiny model's second warm-up phase holds out,
+how many of `--samples` actions (T = 1.0, through `gpu_runtime.sampler`) pass Kiln's own parser and
+validator, with a few of the answers. MODEL_DIR defaults to the shipped tiny model. This is the
+probe behind docs/tiny-model.md's tables ("OpenEnv environments with any action fields").
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+METADATA = {"additionalProperties": True, "description": "Additional metadata for the action", "title": "Metadata",
+            "type": "object"}
+NAMED = {
+    "guess": {"type": "integer", "minimum": 1, "maximum": 10},
+    "column": {"type": "integer", "minimum": 1, "maximum": 10},
+    "bet": {"type": "number"},
+    "confirm": {"type": "boolean"},
+    "message": {"type": "string"},
+    "code": {"type": "string"},
+    "direction": {"enum": ["down", "left", "right", "up"], "type": "string"},
+}
+
+
+def one_field(key: str, prop: dict) -> dict:
+    prop = dict(prop, title=key.title(), description=f"Your {key}")
+    return {"additionalProperties": False, "properties": {"metadata": METADATA, key: prop}, "required": [key],
+            "title": "Action", "type": "object"}
+
+
+def probe_schemas(pieces: list[str], held_out: int) -> dict[str, dict]:
+    from gpu_runtime.tiny_openenv_tasks import action_schema
+    from gpu_runtime.tiny_schema_tasks import SchemaEpisodes
+
+    schemas = {key: one_field(key, prop) for key, prop in NAMED.items()}
+    schemas["row+col"] = {
+        "additionalProperties": False, "title": "Move", "type": "object", "required": ["row", "col"],
+        "properties": {"metadata": METADATA, "row": {"type": "integer", "minimum": 0, "maximum": 2, "title": "Row"},
+                       "col": {"type": "integer", "minimum": 0, "maximum": 2, "title": "Col"}}}
+    schemas["counter delta -3..3"] = action_schema("delta", "CountAction", "Amount to add", -3, 3)
+    episodes = SchemaEpisodes(random.Random(99), pieces)
+    for _ in range(held_out):
+        schema, required, _ = episodes.schema(held_out=True)
+        schemas["held out: " + "+".join(required)] = schema
+    return schemas
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", default=str(REPO / "gpu_runtime" / "assets" / "kiln-tiny"))
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--held-out", type=int, default=8, help="schemas with held-out field names")
+    parser.add_argument("--thinking", action="store_true")
+    args = parser.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from core.contracts.openenv_prompt import system_prompt
+    from gpu_runtime.model_loading import load_model
+    from gpu_runtime.sample_types import SampleRequest
+    from gpu_runtime.sampler import Sampler
+    from gpu_runtime.sampling import SamplingParams
+    from gpu_runtime.tiny_model import letter_pieces
+    from openenv.client.actions import ActionSchema, parse_and_validate_action
+    from openenv.client.errors import ActionError
+
+    sampler = Sampler(load_model(args.model))
+    pieces = letter_pieces(AutoTokenizer.from_pretrained(args.model))
+    total = valid_total = 0
+    for label, schema in probe_schemas(pieces, args.held_out).items():
+        env = {"identity": {"metadata": {"name": "probe", "description": "A probe environment."}},
+               "schema": {"action": schema}}
+        messages = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": "Make your move."}]
+        requests = [SampleRequest(messages=messages, seed=1_000 + i, enable_thinking=args.thinking,
+                                  sampling=SamplingParams(temperature=1.0, max_tokens=96 if args.thinking else 48))
+                    for i in range(args.samples)]
+        compiled, valid, seen = ActionSchema.compile(schema), 0, []
+        for result in sampler.generate(requests):
+            try:
+                parse_and_validate_action(result.content, compiled)
+                valid += 1
+            except ActionError:
+                pass
+            seen.append(result.content.strip()[:40])
+        total, valid_total = total + args.samples, valid_total + valid
+        print(f"{label:40s} {valid:3d}/{args.samples}  {seen[:3]}")
+    print(f"{'all':40s} {valid_total:3d}/{total}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
