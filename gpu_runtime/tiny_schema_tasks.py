@@ -93,24 +93,23 @@ class SchemaEpisodes:
         kind = rng.choice(("int_bounded", "int_bounded", "int", "number", "string", "string", "enum", "boolean"))
         if kind == "int_bounded":
             low = rng.randint(-5, 5)
-            high = low + rng.randint(1, 15)
-            prop, value = {"type": "integer", "minimum": low, "maximum": high}, rng.randint(low, high)
+            prop = {"type": "integer", "minimum": low, "maximum": low + rng.randint(1, 15)}
         elif kind == "int":
-            prop, value = {"type": "integer"}, rng.randint(-20, 60)
+            prop = {"type": "integer"}
         elif kind == "number":
-            prop, value = {"type": "number"}, round(rng.uniform(-10, 10), rng.choice((1, 2)))
+            prop = {"type": "number"}
         elif kind == "string":
             prop = {"type": "string"}
             if rng.random() < 0.3:
                 prop["minLength"] = 1
-            value = rng.choice(STRING_WORDS) if rng.random() < 0.6 else self.key()
         elif kind == "enum":
             members = sorted({rng.choice(STRING_WORDS + KEY_WORDS) for _ in range(rng.randint(2, 4))})
             if len(members) < 2:
                 members.append(members[0] + "_b")
-            prop, value = {"enum": members, "type": "string"}, rng.choice(members)
+            prop = {"enum": members, "type": "string"}
         else:
-            prop, value = {"type": "boolean"}, rng.random() < 0.5
+            prop = {"type": "boolean"}
+        value = self.value(prop)
         prop["title"] = title
         if rng.random() < 0.6:
             prop["description"] = f"The {key.replace('_', ' ')} to send"
@@ -157,11 +156,23 @@ class SchemaEpisodes:
 
     def _revalue(self, schema: dict, action: dict) -> dict:
         """The same keys with fresh values of each field's type (each turn's action differs)."""
-        out = {}
-        for key in action:
-            prop = schema["properties"][key]
-            out[key] = _value_for(self.rng, prop, self)
-        return out
+        return {key: self.value(schema["properties"][key]) for key in action}
+
+    def value(self, prop: dict):
+        """A random value that `prop` (as `field` builds it) accepts."""
+        rng = self.rng
+        if "enum" in prop:
+            return rng.choice(prop["enum"])
+        kind = prop["type"]
+        if kind == "integer":
+            if "minimum" in prop:
+                return rng.randint(prop["minimum"], prop["maximum"])
+            return rng.randint(-20, 60)
+        if kind == "number":
+            return round(rng.uniform(-10, 10), rng.choice((1, 2)))
+        if kind == "boolean":
+            return rng.random() < 0.5
+        return rng.choice(STRING_WORDS) if rng.random() < 0.6 else self.key()
 
     def observation(self, reset: bool) -> str:
         rng = self.rng
@@ -173,21 +184,6 @@ class SchemaEpisodes:
         reward = None if reset else rng.choice((0.0, 1.0, -1.0, 0.5))
         wire = json.dumps({"observation": observation, "reward": reward, "done": False}, separators=(",", ":"))
         return (RESET_LABEL if reset else STEP_LABEL) + wire
-
-
-def _value_for(rng: random.Random, prop: dict, episodes: SchemaEpisodes):
-    if "enum" in prop:
-        return rng.choice(prop["enum"])
-    kind = prop["type"]
-    if kind == "integer":
-        if "minimum" in prop:
-            return rng.randint(prop["minimum"], prop["maximum"])
-        return rng.randint(-20, 60)
-    if kind == "number":
-        return round(rng.uniform(-10, 10), rng.choice((1, 2)))
-    if kind == "boolean":
-        return rng.random() < 0.5
-    return rng.choice(STRING_WORDS) if rng.random() < 0.6 else episodes.key()
 
 
 class SecondPhaseSampler:
