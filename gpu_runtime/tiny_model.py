@@ -57,11 +57,12 @@ WARM_THREADS = 1  # fixed: GEMM reductions split differently with other counts, 
 THINKING_FRACTION = 0.25
 SYSTEM_FRACTION = 0.3
 # The second phase (OpenEnv actions under random schemas; gpu_runtime/tiny_schema_tasks.py) continues
-# from the first with a fresh optimizer and its own stream (seed + 1). `--schema-steps 1500` is the
-# measured candidate; the release does not include it yet (docs/tiny-model.md says why).
-DEFAULT_SCHEMA_STEPS = 0
-SCHEMA_LEARNING_RATE = 1.5e-3
-SCHEMA_FRACTION = 0.85
+# from the first with a fresh optimizer and its own stream (seed + 1), so the demo model acts in
+# OpenEnv environments whose action fields it never saw (docs/tiny-model.md, recipe step 5).
+DEFAULT_SCHEMA_STEPS = 1500
+SCHEMA_LEARNING_RATE = 2e-3
+SCHEMA_FRACTION = 0.65
+SCHEMA_OPENENV_FRACTION = 0.20  # the first phase's counter and bandit episodes; the rest its whole mix
 SCHEMA_PROBES = 64  # held-out-key schemas in the recorded validity measurement
 SCHEMA_TEMPERATURE = 1.0  # the OpenEnv collector's default
 EVAL_PROMPTS = 200
@@ -86,9 +87,7 @@ def create_tiny_model(
     to `kiln_tiny_model.json` plus `path`, `weights_sha256`, `warm_seconds` and `total_seconds`.
     """
     out_dir = Path(out_dir)
-    occupied = out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
-    if occupied and not (overwrite and out_dir.is_dir()):
-        raise FileExistsError(f"{out_dir} exists and is not an empty directory")
+    _check_target(out_dir, overwrite)
     if warm_steps < 0 or schema_steps < 0:
         raise ValueError("warm_steps and schema_steps must be >= 0")
     started = time.perf_counter()
@@ -99,9 +98,7 @@ def create_tiny_model(
         model = build_model(tokenizer)
         warm_started = time.perf_counter()
         losses = warm_up(model, tokenizer, seed=seed, steps=warm_steps)
-        second_phase = SecondPhaseSampler(seed + 1, letter_pieces(tokenizer), SCHEMA_FRACTION)
-        schema_losses = warm_up(model, tokenizer, seed=seed + 1, steps=schema_steps, tasks=second_phase,
-                                learning_rate=SCHEMA_LEARNING_RATE)
+        schema_losses = run_second_phase(model, tokenizer, seed=seed, steps=schema_steps)
         warm_seconds = time.perf_counter() - warm_started
         accuracy = measure_accuracy(model, tokenizer)
         schema_validity = measure_schema_validity(model, tokenizer) if schema_steps else None
@@ -122,13 +119,73 @@ def create_tiny_model(
         "torch_version": torch.__version__,
     }
     if schema_steps:  # absent when the second phase does not run, so such a build still matches the release
-        recipe.update(
-            schema_steps=schema_steps,
-            schema_learning_rate=SCHEMA_LEARNING_RATE,
-            schema_fraction=SCHEMA_FRACTION,
-            schema_final_loss=round(schema_losses[-1], 6),
-            held_out_schema_validity=schema_validity,
-        )
+        recipe.update(_second_phase_fields(schema_steps, schema_losses, schema_validity))
+    return _finish(out_dir, model, tokenizer, recipe, overwrite=overwrite, started=started, warm_seconds=warm_seconds)
+
+
+def continue_with_second_phase(
+    first_phase_dir: Path, out_dir: Path, *, schema_steps: int, overwrite: bool = False, on_step=None
+) -> dict:
+    """Run only the second phase, from a model the first phase already built (the shipped release).
+
+    Why: the first phase's floating point differs between CPUs (docs/tiny-model.md), so rebuilding it
+    on another machine gives another model than the release whose behaviour the tests were tuned on.
+    Starting from its files keeps that first phase byte for byte; the recipe file records the
+    first phase's summary as it was, plus the second phase's fields and `first_phase_model_sha256`.
+    """
+    first_phase_dir, out_dir = Path(first_phase_dir), Path(out_dir)
+    _check_target(out_dir, overwrite)
+    if schema_steps <= 0:
+        raise ValueError("schema_steps must be > 0")
+    base_recipe = json.loads((first_phase_dir / RECIPE_FILE).read_text())
+    if "schema_steps" in base_recipe:
+        raise ValueError(f"{first_phase_dir} already ran a second phase")
+    started = time.perf_counter()
+    with _deterministic_cpu():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(first_phase_dir)
+        for loading_flag in ("is_local", "local_files_only"):  # how it was loaded, not what it is:
+            tokenizer.init_kwargs.pop(loading_flag, None)  # kept, they would change tokenizer_config.json
+        if tokenizer.chat_template != CHAT_TEMPLATE:
+            raise ValueError(f"{first_phase_dir} has another chat template than this Kiln's")
+        model = Qwen3ForCausalLM.from_pretrained(first_phase_dir, dtype=torch.float32)
+        warm_started = time.perf_counter()
+        schema_losses = run_second_phase(model, tokenizer, seed=base_recipe["seed"], steps=schema_steps,
+                                         on_step=on_step)
+        warm_seconds = time.perf_counter() - warm_started
+        accuracy = measure_accuracy(model, tokenizer)
+        schema_validity = measure_schema_validity(model, tokenizer)
+    recipe = dict(base_recipe, held_out_accuracy=accuracy, first_phase_final_loss=base_recipe["final_loss"],
+                  first_phase_model_sha256=manifest_digest(file_manifest(first_phase_dir, ["model.safetensors"])))
+    recipe.update(_second_phase_fields(schema_steps, schema_losses, schema_validity))
+    return _finish(out_dir, model, tokenizer, recipe, overwrite=overwrite, started=started, warm_seconds=warm_seconds)
+
+
+def run_second_phase(model, tokenizer, *, seed: int, steps: int, on_step=None) -> list[float]:
+    """The second phase: a fresh optimizer on its own stream (seed + 1) of random-schema episodes."""
+    tasks = SecondPhaseSampler(seed + 1, letter_pieces(tokenizer), SCHEMA_FRACTION, SCHEMA_OPENENV_FRACTION)
+    return warm_up(model, tokenizer, seed=seed + 1, steps=steps, tasks=tasks, learning_rate=SCHEMA_LEARNING_RATE,
+                   on_step=on_step)
+
+
+def _second_phase_fields(steps: int, losses: list[float], validity: dict) -> dict:
+    return {
+        "schema_steps": steps,
+        "schema_learning_rate": SCHEMA_LEARNING_RATE,
+        "schema_fraction": SCHEMA_FRACTION,
+        "schema_openenv_fraction": SCHEMA_OPENENV_FRACTION,
+        "schema_final_loss": round(losses[-1], 6),
+        "held_out_schema_validity": validity,
+    }
+
+
+def _check_target(out_dir: Path, overwrite: bool) -> None:
+    """Refuse an occupied target before minutes of training, not after."""
+    occupied = out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
+    if occupied and not (overwrite and out_dir.is_dir()):
+        raise FileExistsError(f"{out_dir} exists and is not an empty directory")
+
+
+def _finish(out_dir: Path, model, tokenizer, recipe: dict, *, overwrite: bool, started: float, warm_seconds: float) -> dict:
     _publish(out_dir, model, tokenizer, recipe, replace=overwrite)
     weights = file_manifest(out_dir, ["model.safetensors"])
     return dict(
@@ -225,15 +282,16 @@ def warm_up(
 ) -> list[float]:
     """Supervised warm-up on the answer tokens only; returns the per-step losses.
 
-    `tasks` is the example stream (`sample()`, `coin(p)`); the first phase's `TaskSampler(seed)` by
+    `tasks` is the example stream (`draw(thinking_fraction, system_fraction)`); the first phase's `TaskSampler(seed)` by
     default. `on_step(step, loss)` is called after every optimizer step (progress, probes)."""
     if steps == 0:
         return []
     tasks = tasks if tasks is not None else TaskSampler(seed)
     examples, flags = [], []
     for _ in range(steps * BATCH_SIZE):
-        examples.append(tasks.sample())
-        flags.append((tasks.coin(THINKING_FRACTION), tasks.coin(SYSTEM_FRACTION)))
+        example, thinking, with_system = tasks.draw(THINKING_FRACTION, SYSTEM_FRACTION)
+        examples.append(example)
+        flags.append((thinking, with_system))
     encoded = encode_examples(tokenizer, examples, flags)
     pad_id = tokenizer.pad_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.98), weight_decay=0.0)

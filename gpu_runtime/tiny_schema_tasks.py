@@ -22,9 +22,10 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from dataclasses import replace
 
 from core.contracts.openenv_prompt import system_prompt
-from gpu_runtime.tiny_openenv_tasks import RESET_LABEL, STEP_LABEL, inspection
+from gpu_runtime.tiny_openenv_tasks import RESET_LABEL, STEP_LABEL, inspection, openenv_episode
 
 # Words an action field is often called (and some that are not); half of all keys are drawn here.
 KEY_WORDS = (
@@ -57,6 +58,11 @@ DESCRIPTIONS = (
 )
 
 
+# Enums twice: copying one of the listed members is a skill of its own, and a common action shape.
+FIELD_KINDS = ("int_bounded", "int_bounded", "int", "number", "string", "string", "enum", "enum", "boolean")
+KEY_WORD_SHARE = 0.30  # of keys: an everyday word; then 0.10 two joined words; the rest word pieces
+
+
 def is_held_out_key(key: str) -> bool:
     """About one key in ten never appears in the second warm-up phase (a stable split by hash)."""
     return hashlib.sha256(f"key:{key}".encode()).digest()[0] % 10 == 0
@@ -77,9 +83,9 @@ class SchemaEpisodes:
         rng = self.rng
         while True:
             roll = rng.random()
-            if roll < 0.45:
+            if roll < KEY_WORD_SHARE:
                 key = rng.choice(KEY_WORDS)
-            elif roll < 0.55:
+            elif roll < KEY_WORD_SHARE + 0.10:
                 key = f"{rng.choice(KEY_WORDS)}_{rng.choice(KEY_WORDS)}"
             else:
                 key = "".join(rng.choice(self.pieces) for _ in range(rng.choice((1, 2, 2, 3))))
@@ -90,7 +96,7 @@ class SchemaEpisodes:
         """A Pydantic-style property schema for `key` and a valid value for it."""
         rng = self.rng
         title = key.replace("_", " ").title()
-        kind = rng.choice(("int_bounded", "int_bounded", "int", "number", "string", "string", "enum", "boolean"))
+        kind = rng.choice(FIELD_KINDS)
         if kind == "int_bounded":
             low = rng.randint(-5, 5)
             prop = {"type": "integer", "minimum": low, "maximum": low + rng.randint(1, 15)}
@@ -151,8 +157,7 @@ class SchemaEpisodes:
             messages.append({"role": "assistant", "content": json.dumps(self._revalue(schema, action))})
             messages.append({"role": "tool", "content": self.observation(False)})
         action = self._revalue(schema, action)
-        reasoning = ", ".join(f"{key} = {json.dumps(value)}" for key, value in action.items())
-        return messages, json.dumps(action), reasoning
+        return messages, json.dumps(action), action_reasoning(action)
 
     def _revalue(self, schema: dict, action: dict) -> dict:
         """The same keys with fresh values of each field's type (each turn's action differs)."""
@@ -187,24 +192,59 @@ class SchemaEpisodes:
 
 
 class SecondPhaseSampler:
-    """The second warm-up phase's stream: random-schema episodes (`schema_fraction`), otherwise the
-    first phase's mix, so the first phase's skills are rehearsed while the new one is learnt."""
+    """The second warm-up phase's stream: random-schema episodes (`schema_fraction`), the first
+    phase's counter and bandit episodes (`openenv_fraction`: they keep its lean toward the helpful
+    move, which GRPO needs a base to show), otherwise the first phase's whole mix, so its skills are
+    rehearsed while the new one is learnt.
 
-    def __init__(self, seed: int, pieces: list[str], schema_fraction: float):
+    The thinking coin is drawn before the conversation is built because it changes the prompt:
+    with thinking on, the collector sends earlier actions with their reasoning (`reasoning_content`,
+    which the chat template keeps for every turn after the first observation), so those turns carry
+    it here too. Without this, a model trained on reasoning-free history loses the thread from its
+    second action on.
+    """
+
+    def __init__(self, seed: int, pieces: list[str], schema_fraction: float, openenv_fraction: float):
         from gpu_runtime.tiny_tasks import TaskSampler  # local: tiny_tasks is the first phase's module
 
         self._rng = random.Random(seed)
         self._episodes = SchemaEpisodes(self._rng, pieces)
         self._first_phase = TaskSampler(seed + 1)
         self.schema_fraction = schema_fraction
+        self.openenv_fraction = openenv_fraction
 
-    def sample(self):
+    def draw(self, thinking_fraction: float, system_fraction: float):
+        """(Example, thinking, with_system) for the next example."""
         from gpu_runtime.tiny_tasks import Example
 
-        if self._rng.random() >= self.schema_fraction:
-            return self._first_phase.sample()
-        messages, action, reasoning = self._episodes.episode()
-        return Example("openenv", messages[-1]["content"], action, reasoning, tuple(messages))
+        rng = self._rng
+        thinking = rng.random() < thinking_fraction
+        roll = rng.random()
+        if roll < self.schema_fraction:
+            messages, action, reasoning = self._episodes.episode()
+            example = Example("openenv", messages[-1]["content"], action, reasoning, tuple(messages))
+        elif roll < self.schema_fraction + self.openenv_fraction:
+            messages, action, reasoning = openenv_episode(rng)
+            example = Example("openenv", messages[-1]["content"], action, reasoning, tuple(messages))
+        else:
+            example = self._first_phase.sample()
+        if thinking and example.messages is not None:
+            example = replace(example, messages=with_reasoning(example.messages))
+        return example, thinking, rng.random() < system_fraction
 
-    def coin(self, p: float) -> bool:
-        return self._rng.random() < p
+
+def with_reasoning(messages) -> tuple[dict, ...]:
+    """`messages` with each earlier JSON action's reasoning (`key = value, ...`) as the collector
+    sends it with thinking on; other turns unchanged."""
+    shown = []
+    for message in messages:
+        if message["role"] == "assistant":
+            action = json.loads(message["content"])
+            message = dict(message, reasoning_content=action_reasoning(action))
+        shown.append(message)
+    return tuple(shown)
+
+
+def action_reasoning(action: dict) -> str:
+    """The one-line reasoning the warm-up writes before an action: `key = value, ...`."""
+    return ", ".join(f"{key} = {json.dumps(value)}" for key, value in action.items())

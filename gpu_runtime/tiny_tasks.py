@@ -184,6 +184,10 @@ class TaskSampler:
     def coin(self, p: float) -> bool:
         return self._rng.random() < p
 
+    def draw(self, thinking_fraction: float, system_fraction: float) -> tuple[Example, bool, bool]:
+        """(Example, thinking, with_system): the example first, then its two coins (the recipe's order)."""
+        return self.sample(), self.coin(thinking_fraction), self.coin(system_fraction)
+
 
 def tokenizer_corpus() -> list[str]:
     """The fixed text the BPE tokenizer is trained on (independent of the warm-up seed)."""

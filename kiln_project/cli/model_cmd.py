@@ -2,7 +2,9 @@
 
 By default the shipped release is copied and verified byte for byte, so every machine serves the
 same model in seconds. `--rebuild` (implied by `--seed`, `--warm-steps` or `--schema-steps`) runs the recipe
-instead, which takes minutes and gives bytes that depend on the CPU.
+instead, which takes minutes and gives bytes that depend on the CPU. `--first-phase MODEL_DIR`
+runs only the recipe's second phase from a model whose first phase was built already (this is how
+the release was cut: its first phase is the earlier release, byte for byte).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ def add_parser(subparsers) -> None:
     tiny.add_argument("--schema-steps", type=int, default=None,
                       help="second-phase steps, OpenEnv actions under random schemas (implies --rebuild; "
                            "default: the documented recipe)")
+    tiny.add_argument("--first-phase", type=Path, default=None, metavar="MODEL_DIR",
+                      help="run only the second phase, starting from the model in MODEL_DIR (a first-phase build, "
+                           "such as an earlier release); needs --schema-steps")
     tiny.add_argument("--force", action="store_true", help="replace an existing model in DIR")
     model.set_defaults(handler=run)
 
@@ -45,7 +50,9 @@ def run(args) -> int:
         raise CliError("invalid_warm_steps", "--warm-steps must be a non-negative integer")
     if args.schema_steps is not None and args.schema_steps < 0:
         raise CliError("invalid_schema_steps", "--schema-steps must be a non-negative integer")
-    if args.rebuild or args.seed is not None or args.warm_steps is not None or args.schema_steps is not None:
+    if args.first_phase is not None:
+        summary = _second_phase_only(target, args)
+    elif args.rebuild or args.seed is not None or args.warm_steps is not None or args.schema_steps is not None:
         summary = _rebuild(target, args)
     else:
         from gpu_runtime.tiny_release import TinyReleaseError, install
@@ -78,4 +85,27 @@ def _rebuild(target: Path, args) -> dict:
     digest = make_manifest(target)["model_sha256"]
     shipped = read_manifest()["model_sha256"]
     summary.update(source="recipe", model_sha256=digest, matches_release=digest == shipped)
+    return summary
+
+
+def _second_phase_only(target: Path, args) -> dict:
+    from gpu_runtime.tiny_model import continue_with_second_phase
+    from gpu_runtime.tiny_release import RECIPE_FILE, make_manifest
+    from kiln_project.cli.client import CliError
+
+    source = args.first_phase.expanduser().resolve()
+    if not args.schema_steps:
+        raise CliError("invalid_schema_steps", "--first-phase needs --schema-steps N with N > 0")
+    if args.seed is not None or args.warm_steps is not None:
+        raise CliError("invalid_first_phase", "--first-phase keeps that model's seed and warm-up steps",
+                       "drop --seed and --warm-steps")
+    if not (source / RECIPE_FILE).is_file():
+        raise CliError("invalid_first_phase", f"{source} holds no tiny model ({RECIPE_FILE} is missing)")
+    try:
+        summary = continue_with_second_phase(source, target, schema_steps=args.schema_steps, overwrite=args.force)
+    except FileExistsError as exc:
+        raise CliError("model_dir_not_empty", str(exc), "choose an empty directory or pass --force") from None
+    except ValueError as exc:
+        raise CliError("invalid_first_phase", str(exc)) from None
+    summary.update(source="recipe", model_sha256=make_manifest(target)["model_sha256"])
     return summary

@@ -90,3 +90,29 @@ def test_cli_rebuild_runs_both_phases_of_the_recipe(tmp_path):
     assert printed["source"] == "recipe" and printed["matches_release"] is False
     assert (printed["warm_steps"], printed["schema_steps"]) == (2, 1) and printed["schema_final_loss"] > 0
     assert printed["held_out_schema_validity"]["schemas"] == 64
+
+
+def test_cli_runs_only_the_second_phase_from_a_built_first_phase(tmp_path):
+    from gpu_runtime.identity import file_manifest, manifest_digest
+    from gpu_runtime.tiny_model import create_tiny_model
+
+    first = tmp_path / "first"
+    create_tiny_model(first, warm_steps=2, schema_steps=0)
+    base = [sys.executable, "-m", "kiln_project.cli.main", "model", "create-tiny"]
+    done = subprocess.run(base + [str(tmp_path / "second"), "--first-phase", str(first), "--schema-steps", "1"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    recipe = json.loads((tmp_path / "second" / tiny_release.RECIPE_FILE).read_text())
+    first_recipe = json.loads((first / tiny_release.RECIPE_FILE).read_text())
+    assert recipe["first_phase_model_sha256"] == manifest_digest(file_manifest(first, ["model.safetensors"]))
+    assert (recipe["warm_steps"], recipe["final_loss"], recipe["schema_steps"]) == (2, first_recipe["final_loss"], 1)
+    assert recipe["held_out_schema_validity"]["schemas"] == 64
+    assert (tmp_path / "second" / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()
+
+    again = subprocess.run(base + [str(tmp_path / "third"), "--first-phase", str(tmp_path / "second"),
+                                   "--schema-steps", "1"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert again.returncode != 0 and "invalid_first_phase" in again.stderr and "already ran" in again.stderr
+    assert not (tmp_path / "third").exists()
+    no_steps = subprocess.run(base + [str(tmp_path / "fourth"), "--first-phase", str(first)],
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert no_steps.returncode != 0 and "invalid_schema_steps" in no_steps.stderr

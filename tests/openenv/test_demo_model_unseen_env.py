@@ -9,11 +9,10 @@ off and on. An episode whose first action fails validation ends `invalid_model_a
 protocol-error reward, so returns differ within a group only when the model acts validly often
 enough.
 
-A known gap, tracked as strict expected failures (docs/tiny-model.md, "OpenEnv environments with
-any action fields"): the release answers with one of the field names its warm-up used
-(`{"delta": 3}`), never `guess` or `color`, so every episode ends at its first action. A build with
-the recipe's second phase copies them but fails more later turns with thinking on; when a release
-passes these, strict xfail turns that into a failure and the marker comes off.
+The release's second warm-up phase taught it to copy field names from the schema, so `guess` works
+with thinking off (the previous release answered every environment with `{"delta": ...}` and every
+episode ended at its first action). What it still misses is marked `GAP` below and measured in
+docs/tiny-model.md, "OpenEnv environments with any action fields".
 """
 
 from __future__ import annotations
@@ -69,14 +68,22 @@ class SamplerPolicy:
                            behavior_policy=dict(self.behavior), tokens=len(result.completion_token_ids))
 
 
-UNSEEN_KEY = pytest.mark.xfail(strict=True, reason="the shipped demo model answers unseen action keys with the "
-                               "ones its warm-up used (docs/tiny-model.md, 'OpenEnv environments with any action fields')")
-ENVIRONMENTS = [pytest.param(ENV_SOURCE, id="counter"), pytest.param(GUESS_ENV, id="guess", marks=UNSEEN_KEY),
-                pytest.param(PAINT_ENV, id="paint", marks=UNSEEN_KEY)]
+# Known gaps of the release (docs/tiny-model.md, "OpenEnv environments with any action fields"), measured
+# 2026-12-03: paint (a held-out name and an enum) has contrast in 3 of 6 groups either way; `guess` with
+# thinking on has contrast in 6 of 6 groups but 21 of 24 episodes end at an invalid later action. Not
+# strict: they sit near their bounds, and another CPU samples other tokens.
+GAP = pytest.mark.xfail(strict=False, reason="a known gap of the demo model (docs/tiny-model.md)")
+CASES = [
+    pytest.param(ENV_SOURCE, False, id="counter-thinking-off"),
+    pytest.param(ENV_SOURCE, True, id="counter-thinking-on"),
+    pytest.param(GUESS_ENV, False, id="guess-thinking-off"),
+    pytest.param(GUESS_ENV, True, id="guess-thinking-on", marks=GAP),
+    pytest.param(PAINT_ENV, False, id="paint-thinking-off", marks=GAP),
+    pytest.param(PAINT_ENV, True, id="paint-thinking-on", marks=GAP),
+]
 
 
-@pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])
-@pytest.mark.parametrize("environment", ENVIRONMENTS)
+@pytest.mark.parametrize(("environment", "thinking"), CASES)
 def test_the_demo_model_gets_different_returns_within_groups(sampler, loaded, tmp_path, environment, thinking):
     with RealServer(openenv_python(), tmp_path / "server", module_source=environment) as server:
         config = config_for([server.url], tmp_path, groups=GROUPS, group_size=GROUP_SIZE, max_steps=4,
