@@ -20,10 +20,11 @@ number from the text, which one round on the tiny model barely starts: +0.12, p 
 target is in the observation's text; the warm-up taught the demo model the shape of an action,
 never this environment. Thinking is off (the tiny model's reasoning is noise).
 
-Measured on this machine (the whole test ~105 s): the base model's held-out mean return 0.21;
-after one round (AdamW 1e-4, LoRA r8) 1.10 (32 groups better, 1 worse, 7 tied: p = 7.9e-9). The
-worse run (lr 3e-2) writes no valid action any more: -1 on every episode (the protocol-error
-reward), 7 better / 31 worse, p = 1.2e-4, `rejected`. (Before streams were seeded by prompt too:
+Measured on the current release (2026-12-03): the base model's held-out mean return -0.09; after
+one round (AdamW 1e-4, LoRA r8) 0.79 (32 groups better, 1 worse, 7 tied: p = 7.9e-9). The worse
+run (lr 3e-2) writes no valid action any more: -1 on every episode (the protocol-error reward),
+12 better / 28 worse, p = 0.017, `rejected`. On the previous release (the first warm-up phase
+alone): 0.21 -> 1.10, and the worse run 7 / 31, p = 1.2e-4. (Before streams were seeded by prompt too:
 0.19 -> 1.18; training seed 5: 1.18; lr 5e-5: 0.89.) It also found a server bug: a `<think>` the
 damaged adapter wrote mid-answer was taken as the start of reasoning and the text before it dropped, so the answer no
 longer matched its provenance digest (tests/gpu_runtime/test_model_opened_thinking.py).
