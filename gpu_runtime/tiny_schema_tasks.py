@@ -27,7 +27,7 @@ from dataclasses import replace
 from core.contracts.openenv_prompt import system_prompt
 from gpu_runtime.tiny_openenv_tasks import RESET_LABEL, STEP_LABEL, inspection, openenv_episode
 
-# Words an action field is often called (and some that are not); half of all keys are drawn here.
+# Words an action field is often called (and some that are not); KEY_WORD_SHARE of all keys are drawn here.
 KEY_WORDS = (
     "guess", "message", "text", "answer", "action", "move", "command", "choice", "column", "row", "col",
     "x", "y", "position", "direction", "target", "value", "number", "amount", "bet", "stake", "bid",
