@@ -265,6 +265,7 @@ def _rollout(args) -> int:
     from openenv.client import credentials_for_urls, normalize_url
     from openenv.collector import ChatCompletionPolicy, CollectionConfig, collect_and_publish
     from openenv.collector.config import adapter_name
+    from openenv.collector.diagnosis import invalid_action_warning
 
     urls = [normalize_url(url).base_url for url in _urls(args)]
     if args.reset_options is not None and args.environment_reset_options:
@@ -292,10 +293,11 @@ def _rollout(args) -> int:
             bar.close()
     summary = bundle.summary_value
     stats = summary["stats"]
+    warning = invalid_action_warning([json.loads(line) for line in bundle.dataset.splitlines() if line.strip()])
     if args.json:
         print_json({"output": summary["output_path"], "replay_output": summary["replay_output_path"],
                     "summary_output": summary["summary_output_path"], "dataset_sha256": summary["dataset_sha256"],
-                    "stats": stats})
+                    "stats": stats, "warnings": [warning] if warning else []})
         return 0
     print(f"wrote {summary['groups']} groups ({summary['rollout_count']} rollouts) to {summary['output_path']}")
     print(f"replay: {summary['replay_output_path']}")
@@ -304,6 +306,8 @@ def _rollout(args) -> int:
           f"max {stats['max_episode_return']:.4g}; done {stats['done_count']}, max_steps {stats['max_steps_count']}, "
           f"invalid {stats['invalid_model_action_count']}, protocol {stats['protocol_error_count']}; "
           f"{stats['total_environment_steps']} steps, {stats['total_model_tokens']} policy tokens")
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 

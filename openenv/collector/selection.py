@@ -38,8 +38,9 @@ class Selection:
         return list(self.summary["warnings"])
 
 
-def harness_error_code(completion: dict) -> str | None:
-    """The harness error that ended a model-failed candidate (its last warning segment), if any."""
+def harness_error(completion: dict) -> dict | None:
+    """The harness error (`{code, message}`) that ended a model-failed candidate (its last warning
+    segment), if any."""
     for segment in reversed(completion.get("trajectory") or []):
         if segment.get("kind") != "observation":
             continue
@@ -48,8 +49,13 @@ def harness_error_code(completion: dict) -> str | None:
         except ValueError:
             return None
         error = value.get("openenv_harness_error") if isinstance(value, dict) else None
-        return error.get("code") if isinstance(error, dict) else None
+        return error if isinstance(error, dict) else None
     return None
+
+
+def harness_error_code(completion: dict) -> str | None:
+    error = harness_error(completion)
+    return error.get("code") if error is not None else None
 
 
 def is_no_output(completion: dict) -> bool:

@@ -31,6 +31,7 @@ from core.errors import KilnError
 from openenv.collector import ChatCompletionPolicy, CollectionError
 from openenv.collector.collect import collect, discover, publish
 from openenv.collector.config import adapter_name
+from openenv.collector.diagnosis import invalid_action_warning
 from openenv.models import COLLECTION_STATES, OpenEnvRun, RunState
 from openenv.runs import services
 from openenv.runs.request import collection_config
@@ -303,17 +304,21 @@ def _publish(run: OpenEnvRun, bundle, directory: Path) -> dict:
                 "rollouts_completed": summary["rollout_count"], "rollouts_total": summary["rollout_count"]}
     environments = [environment["identity"] for environment in summary["environments"]]
     train = run.kind == "train"
+    from core.contracts.groups import admit_jsonl
+
+    groups = admit_jsonl(bundle.dataset).groups
+    warning = invalid_action_warning(groups)
     if not services.run_transition(run, from_states=COLLECTION_STATES,
                                    state=RunState.SUBMITTING if train else RunState.ROLLOUT_READY,
                                    stage="training_submission" if train else "artifact_publication",
                                    artifacts=artifacts, progress=progress, environments=environments,
-                                   rollout_stats=summary["stats"]):
+                                   rollout_stats=summary["stats"],
+                                   warnings=list(run.warnings or []) + ([warning] if warning else [])):
         raise KilnError("openenv_run_state_changed", f"run {run.id} became {run.state} during publication")
     if train:
-        from core.contracts.groups import admit_jsonl
         from openenv.training.submission import submit_training
 
-        return {**submit_training(run, admit_jsonl(bundle.dataset).groups),
+        return {**submit_training(run, groups),
                 "dataset_sha256": summary["dataset_sha256"], "rollouts": summary["rollout_count"]}
     return {"run_id": str(run.id), "state": run.state, "dataset_sha256": summary["dataset_sha256"],
             "rollouts": summary["rollout_count"], "stats": summary["stats"]}

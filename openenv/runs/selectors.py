@@ -2,8 +2,10 @@
 
 The status is built from the row: `admission.queue_position` only while a run waits, the
 artifacts manifest with each download URL, `rollout_stats` (the published summary's `stats`) once
-the artifacts are out, and `failure` (`kiln.openenv-run-failure.v1`) when the run failed. A train
-run adds its sealed `training_contract` (and digest), `warnings` and `training_selection`, and
+the artifacts are out, `warnings` (from publication on: most episodes ending at a refused action,
+openenv.collector.diagnosis; a train run adds the selection's), and `failure`
+(`kiln.openenv-run-failure.v1`) when the run failed. A train
+run adds its sealed `training_contract` (and digest) and `training_selection`, and
 once submitted `training_job_id`, `training_submission`, `training` (the job's live state) and
 `post_evaluations`, and with `environment_eval` the `environment_evaluation` block (state
 pending|collecting_baseline|collecting_candidate|completed|failed|cancelled, the plan, both sides'
@@ -103,6 +105,7 @@ def run_record(run: OpenEnvRun, *, live: bool = False) -> dict:
         out["finished_unix_ms"] = _ms(run.finished_at)
     if run.rollout_stats is not None:
         out["rollout_stats"] = run.rollout_stats
+    out["warnings"] = list(run.warnings or [])  # e.g. most episodes ended at a refused action
     if run.kind == "train":
         out.update(_training_fields(run))
     if run.failure is not None:
@@ -134,8 +137,7 @@ def _post_evaluations(job) -> list[dict]:
 
 def _training_fields(run: OpenEnvRun) -> dict:
     """kind train: the sealed contract, the selection, the training job's live state, its post-eval."""
-    out = {"training_contract": run.training_contract, "training_contract_sha256": run.training_contract_sha256 or None,
-           "warnings": list(run.warnings or [])}
+    out = {"training_contract": run.training_contract, "training_contract_sha256": run.training_contract_sha256 or None}
     if run.behavior_snapshot is not None:
         out["behavior_adapter_snapshot"] = {k: run.behavior_snapshot[k] for k in ("name", "content_sha256")}
     if run.training_selection is not None:

@@ -60,8 +60,9 @@ def test_responses_that_disagree_with_their_provenance_are_refused(tamper, check
     assert info.value.code == "openenv_policy_response_invalid" and f": {check}:" in info.value.message
 
 
-def _fake_model(monkeypatch):
-    """KilnClient.post answers like a Kiln server, stepping the counter toward its target."""
+def _fake_model(monkeypatch, content=None):
+    """KilnClient.post answers like a Kiln server, stepping the counter toward its target (or with
+    `content`, when given)."""
     from kiln_project.cli import client as client_module
 
     decide = FakeCounterPolicy()
@@ -71,7 +72,7 @@ def _fake_model(monkeypatch):
         request = PolicyRequest(messages=json["messages"], seed=json["seed"],
                                 sampling=Sampling(json["max_tokens"], json["temperature"], True),
                                 group_index=0, candidate_index=0, step_index=0)
-        return fake_response({**json, "model": "kiln"}, content=decide.answer(request))
+        return fake_response({**json, "model": "kiln"}, content=content or decide.answer(request))
 
     monkeypatch.setattr(client_module.KilnClient, "post", post)
 
@@ -89,6 +90,7 @@ def test_kiln_openenv_rollout_then_verify(tmp_path, monkeypatch, capsys):
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["stats"]["done_count"] + report["stats"]["max_steps_count"] == 4
+    assert report["warnings"] == []
     summary = json.loads(open(out[2]).read())
     assert summary["behavior_policy"]["served_model_id"] == "kiln-tiny" and summary["thinking"] is True
     assert main(["openenv", "verify", "--summary", out[2], "--json"]) == 0
@@ -106,3 +108,20 @@ def test_kiln_openenv_rollout_errors_are_one_line(tmp_path, monkeypatch, capsys)
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: openenv_invalid_collection:") and "\n" not in err
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_kiln_openenv_rollout_warns_when_most_actions_break_the_schema(tmp_path, monkeypatch, capsys):
+    from kiln_project.cli.main import main
+
+    _fake_model(monkeypatch, content='{"delta": 99}')  # the counter's delta is bounded
+    with FakeServer() as server:
+        code = main(["openenv", "rollout", "--environment", server.url, "--groups", "2", "--group-size", "2",
+                     "--output", str(tmp_path / "r.jsonl"), "--replay-output", str(tmp_path / "r.replay.json"),
+                     "--summary-output", str(tmp_path / "r.summary.json")])
+    assert code == 0, "the collection is published: the warning explains it, it does not refuse it"
+    captured = capsys.readouterr()
+    assert "invalid 4," in captured.out
+    [warning] = [line for line in captured.err.splitlines() if line.startswith("warning: ")]
+    assert warning.startswith("warning: 4 of 4 episodes ended at an action Kiln refused "
+                              "(ACTION_SCHEMA_VALIDATION_FAILED 4; e.g. ")
+    assert "/delta" in warning and "break the action schema" in warning

@@ -119,6 +119,19 @@ def test_fifo_admission_runs_one_at_a_time_in_sequence_order(api, home, counter,
     assert all(s and max(s) < 2 ** 64 for s in seeds) and len({frozenset(s) for s in seeds}) == 3
 
 
+@pytest.mark.django_db
+def test_a_run_whose_actions_break_the_schema_says_why_among_its_warnings(api, home, counter, policies):
+    policies.policy_type = lambda: FakeCounterPolicy(content=lambda request: '{"delta": 99}')
+    run = post_run(api, rollout_body(counter.url)).json()
+    run_queued_jobs("control")
+    done = status(api, run["run_id"])
+    assert done["state"] == "rollout_ready" and done["rollout_stats"]["invalid_model_action_count"] == 4, done
+    [warning] = done["warnings"]
+    assert warning.startswith("4 of 4 episodes ended at an action Kiln refused (ACTION_SCHEMA_VALIDATION_FAILED 4;")
+    assert "/delta" in warning
+    assert status(api, post_run(api, rollout_body(counter.url, seed_start=7)).json()["run_id"])["warnings"] == []
+
+
 class BlockingPolicy(FakeCounterPolicy):
     """Answers the first turn of each episode only once `release` is set: the run stays collecting."""
 
