@@ -5,7 +5,7 @@ control worker (which collects), against the counter environment of
 tests/openenv/interop_env/kiln_interop_env.py served by PyPI `openenv==0.10.0` from its own venv.
 
 1. `kiln openenv train` collects 64 seed groups x 8 one-move episodes with the base model, trains
-   a LoRA with native GRPO on them, then evaluates base against the new adapter on 40 HELD-OUT
+   a LoRA with native GRPO on them, then evaluates base against the new adapter on 80 HELD-OUT
    seed groups (the seeds after training's) with the paired sign-test gate: `passed`, and with
    `auto_load` the adapter is promoted and serves.
 2. The same run with a policy made worse (a learning rate 300x larger: the adapter forgets how to
@@ -20,10 +20,13 @@ number from the text, which one round on the tiny model barely starts: +0.12, p 
 target is in the observation's text; the warm-up taught the demo model the shape of an action,
 never this environment. Thinking is off (the tiny model's reasoning is noise).
 
-Measured on the current release (2026-12-03): the base model's held-out mean return -0.09; after
-one round (AdamW 1e-4, LoRA r8) 0.79 (32 groups better, 1 worse, 7 tied: p = 7.9e-9). The worse
-run (lr 3e-2) writes no valid action any more: -1 on every episode (the protocol-error reward),
-12 better / 28 worse, p = 0.017, `rejected`. On the previous release (the first warm-up phase
+Measured on the current release (2026-12-04, 80 held-out groups): the base model's held-out mean
+return -0.15; after one round (AdamW 1e-4, LoRA r8) 0.79 (66 groups better, 3 worse, 11 tied:
+p = 1.9e-16). The worse run (lr 3e-2) writes no valid action any more: -1 on every episode (the
+protocol-error reward), 21 better / 58 worse / 1 tied, p = 3.8e-5, `rejected`. With the first 40 of
+those groups (the test's size until 2026-12-04) the worse run was 12 / 28, p = 0.017: a third of
+the gate's 0.05, too thin a margin for another CPU's sampling, so the evaluation doubled (about 30 s
+more). On the previous release (the first warm-up phase
 alone): 0.21 -> 1.10, and the worse run 7 / 31, p = 1.2e-4. (Before streams were seeded by prompt too:
 0.19 -> 1.18; training seed 5: 1.18; lr 5e-5: 0.89.) It also found a server bug: a `<think>` the
 damaged adapter wrote mid-answer was taken as the start of reasoning and the text before it dropped, so the answer no
@@ -49,7 +52,7 @@ from tests.support.stack import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.learning]
 
 GROUPS, GROUP_SIZE = 64, 8
-EVAL_GROUPS, EVAL_GROUP_SIZE = 40, 4
+EVAL_GROUPS, EVAL_GROUP_SIZE = 80, 4
 RESET = {"targets": [1, 2, 3]}  # the reset option that shapes the task (see the module docstring)
 GOOD = {"optimizer": {"kind": "adam_w"}, "learning_rate": 1e-4, "seed": 3}
 WORSE = {"optimizer": {"kind": "adam_w"}, "learning_rate": 3e-2, "seed": 3}
