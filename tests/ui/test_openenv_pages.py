@@ -349,6 +349,23 @@ def test_a_train_runs_card_shows_contract_trainer_and_gate_when_the_status_has_t
         assert text in html, text
 
 
+def test_a_runs_card_says_why_when_most_episodes_ended_at_a_refused_action(operator_client, operator):
+    """The warning a run publishes (openenv.runs.jobs, built by openenv.collector.diagnosis) is on its card."""
+    from openenv.collector.diagnosis import invalid_action_warning
+    from tests.openenv.test_diagnosis import SCHEMA, completion, groups_of
+
+    warning = invalid_action_warning(groups_of(*[completion("invalid_model_action", *SCHEMA)] * 3, completion("done")))
+    run, _ = run_submit(request=normalize({"kind": "rollout", "environment_urls": [URL_A]}), user=operator)
+    _ready(run)
+    OpenEnvRun.objects.filter(id=run.id).update(warnings=[warning])
+    html = unescape(operator_client.get(PAGE + "?fragment=runs").content.decode())
+    card = html[html.index(f'id="run-{run.id}"'):]
+    card = card[:card.index("</article>")]
+    listed = re.search(r'<ul class="run-warnings"><li class="message warning">(.*?)</li>', card, re.S)
+    assert listed and listed.group(1) == warning
+    assert listed.group(1).startswith("3 of 4 episodes ended at an action Kiln refused (ACTION_SCHEMA_VALIDATION_FAILED 3")
+
+
 def test_inspect_answers_errors_in_the_fragment(operator_client, viewer_client):
     blank = operator_client.post("/ui/training/openenv/inspect/", {"environment_url": [""], "row_id": ["0"],
                                                                   "row": "0"})
