@@ -26,9 +26,9 @@ p = 1.9e-16). The worse run (lr 3e-2) writes no valid action any more: -1 on eve
 protocol-error reward), 21 better / 58 worse / 1 tied, p = 3.8e-5, `rejected`. With the first 40 of
 those groups (the test's size until 2026-12-04) the worse run was 12 / 28, p = 0.017: a third of
 the gate's 0.05, too thin a margin for another CPU's sampling, so the evaluation doubled (about 30 s
-more). On the previous release (the first warm-up phase
-alone): 0.21 -> 1.10, and the worse run 7 / 31, p = 1.2e-4. (Before streams were seeded by prompt too:
-0.19 -> 1.18; training seed 5: 1.18; lr 5e-5: 0.89.) It also found a server bug: a `<think>` the
+more). On the previous release (the first warm-up phase alone): 0.21 -> 1.10, and the worse run
+7 / 31, p = 1.2e-4. (Before streams were seeded by prompt too: 0.19 -> 1.18; training seed 5: 1.18;
+lr 5e-5: 0.89.) It also found a server bug: a `<think>` the
 damaged adapter wrote mid-answer was taken as the start of reasoning and the text before it dropped, so the answer no
 longer matched its provenance digest (tests/gpu_runtime/test_model_opened_thinking.py).
 

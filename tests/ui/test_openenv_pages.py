@@ -248,6 +248,12 @@ STATS = {"mean_episode_return": 0.625, "min_episode_return": -1.0, "max_episode_
 SHA = "sha256:" + "ab" * 32
 
 
+def _card(html: str, run) -> str:
+    """One run's card (its <article>) out of the runs fragment."""
+    card = html[html.index(f'id="run-{run.id}"'):]
+    return card[:card.index("</article>")]
+
+
 def _ready(run):
     OpenEnvRun.objects.filter(id=run.id).update(
         state="rollout_ready", stage="artifact_publication", finished_at=timezone.now(),
@@ -275,8 +281,7 @@ def test_run_cards_show_the_status_documents_values(operator_client, operator):
     html = unescape(fragment.content.decode())
     assert fragment.status_code == 200 and html.lstrip().startswith('<section class="card" id="openenv-runs"')
     assert 'hx-trigger="every 2s"' in html  # one run is still collecting
-    card = html[html.index(f'id="run-{ready.id}"'):]
-    card = card[:card.index("</article>")]
+    card = _card(html, ready)
     shown = card + " ".join(re.sub(r"<[^>]+>", " ", card).split())  # the markup and the text on screen
     for text in ("rollout_ready", "stage artifact_publication", "2 / 2 groups", "8 / 8 rollouts", "mean 0.625",
                  "range [-1, 2.5]", "done 5 · max_steps 2 · invalid_model_action 1 · protocol_error 0",
@@ -285,11 +290,9 @@ def test_run_cards_show_the_status_documents_values(operator_client, operator):
                  f'href="/v1/openenv/runs/{ready.id}/artifacts/dataset"', SHA, ">999<"):
         assert text in shown, text
     assert "cancel-run" not in card  # terminal
-    bad = html[html.index(f'id="run-{failed.id}"'):]
-    bad = bad[:bad.index("</article>")]
+    bad = _card(html, failed)
     assert "environment_capacity_exhausted" in bad and "CAPACITY_REACHED for 5 s" in bad and "retryable" in bad
-    live = html[html.index(f'id="run-{collecting.id}"'):]
-    live = live[:live.index("</article>")]
+    live = _card(html, collecting)
     assert "1 / 4 groups" in live and "6 / 16 rollouts" in live and "cancel-run" in live and 'value="25"' in live
 
     OpenEnvRun.objects.filter(id=collecting.id).update(state="cancelled", finished_at=timezone.now())
@@ -359,8 +362,7 @@ def test_a_runs_card_says_why_when_most_episodes_ended_at_a_refused_action(opera
     _ready(run)
     OpenEnvRun.objects.filter(id=run.id).update(warnings=[warning])
     html = unescape(operator_client.get(PAGE + "?fragment=runs").content.decode())
-    card = html[html.index(f'id="run-{run.id}"'):]
-    card = card[:card.index("</article>")]
+    card = _card(html, run)
     listed = re.search(r'<ul class="run-warnings"><li class="message warning">(.*?)</li>', card, re.S)
     assert listed and listed.group(1) == warning
     assert listed.group(1).startswith("3 of 4 episodes ended at an action Kiln refused (ACTION_SCHEMA_VALIDATION_FAILED 3")
