@@ -153,11 +153,18 @@ def _checkpoint_seed(value: str) -> int | None:
     return int(seed) if isinstance(seed, str | int) and str(seed).isdigit() else None
 
 
-def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tuple:
-    """Validate and queue a GRPO request. Returns (job, effective_seed)."""
+def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_sources: tuple | None = None) -> tuple:
+    """Validate and queue a GRPO request. Returns (job, effective_seed).
+
+    `sealed_sources` = (config_sources, server_training_defaults) for a config whose server defaults
+    were merged in earlier and sealed (an OpenEnv run's contract): the receipt then says where each
+    field came from at sealing, not "request" for every field of the complete config."""
     if not isinstance(body, dict):
         raise _invalid("must be a JSON object", "request")
     submission, config_sources = _parse_submission(body)
+    server_defaults = dict(settings.KILN.training_defaults)
+    if sealed_sources is not None:
+        config_sources, server_defaults = dict(sealed_sources[0]), dict(sealed_sources[1])
     config = submission.config
     corpus, provenance = _admit_source(body)
     if config.behavior_policy == "recorded" and corpus.with_provenance != corpus.rollouts:
@@ -191,7 +198,7 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo") -> tupl
                 ignored_config_keys=tuple(sorted(config.ignored_keys)),
                 dry_run=submission.dry_run,
                 config_sources=config_sources,
-                server_training_defaults=dict(settings.KILN.training_defaults),
+                server_training_defaults=server_defaults,
             )
             job = job_submit(kind="training.grpo", payload=payload, title=f"GRPO → {output_name}", user=user)
             adapter_reserve(name=output_name, job=job, base_adapter=config.base_adapter or "")

@@ -5,7 +5,10 @@ filled in (`GrpoConfig.to_dict()`): `output_name = output_adapter`, `base_adapte
 base model else the behavior adapter (the warm start is the policy that collected), `auto_load`,
 and `behavior_policy = no_importance_correction` (multi-turn episodes have no append-stable
 probability trace; the corpus is proven on-policy instead). Unknown keys are dropped, as GrpoConfig
-ignores them. `contract(...)` binds that config, the post-eval and the behavior policy identity;
+ignores them. The server's `[training.defaults]` fill what the request leaves out before the
+contract is sealed (the caller, openenv.training.preflight, merges them with
+`training.config_defaults`, as every GRPO route does); `config_sources(...)` says afterwards which
+field came from where, for the train receipt. `contract(...)` binds that config, the post-eval and the behavior policy identity;
 `contract_sha256` is its RFC 8785 digest (`core.canonical`). Restart, collection, submission and
 every surface use the sealed contract: current defaults are never re-applied.
 """
@@ -39,6 +42,27 @@ def overrides(training_config: dict | None, effective: dict) -> dict:
     given = training_config or {}
     return {key: {"requested": given[key], "effective": effective[key]}
             for key in KILN_OWNED if key in given and given[key] != effective[key]}
+
+
+def config_sources(training_config: dict | None, effective: dict) -> tuple[dict[str, str], dict]:
+    """({field: "request"|"server_defaults"|"default"}, {field: value} taken from the server's defaults)
+    for a sealed effective config. The request's fields and Kiln's own are "request"; a field the
+    request left out is "server_defaults" where the sealed value is not GrpoConfig's built-in one
+    (the server's table was merged in at preflight), else "default"."""
+    given = set(training_config or {}) | set(KILN_OWNED)
+    if "reference_policy" in given:
+        given.add("kl_reference_policy")
+    built_in = GrpoConfig.from_dict({}).to_dict()
+    sources, from_server = {}, {}
+    for key, value in effective.items():
+        if key in given:
+            sources[key] = "request"
+        elif value != built_in.get(key):
+            sources[key] = "server_defaults"
+            from_server[key] = value
+        else:
+            sources[key] = "default"
+    return sources, from_server
 
 
 def contract(*, effective: dict, post_eval: dict | None, behavior_policy: dict | None) -> dict:

@@ -6,7 +6,9 @@
 - 503 `mock_mode` without model weights; the served model must be loaded (503 inference codes);
 - the behavior adapter must be published (404 `adapter_not_found`), the output name valid and
   free (400 `invalid_adapter_name`, 409 `adapter_revision_conflict`) and not the behavior adapter;
-- the effective config (openenv.training.contract) must validate (400 `training_invalid_request`
+- the effective config is the request's `training_config` over the server's `[training.defaults]`
+  (training.config_defaults, as on every GRPO route) over GrpoConfig's own defaults, with Kiln's
+  four overrides (openenv.training.contract); it must validate (400 `training_invalid_request`
   naming `training_config.<field>`), the post-eval suite must be installed (404 `eval_suite_not_found`);
 - the capacity check: queued training jobs < `max_queued_jobs` (503 `training_queue_full`) and
   tracked ones (active, or finished within the last hour) < 1024 (503 `training_tracked_full`).
@@ -29,6 +31,7 @@ from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
 from openenv.collector.config import adapter_name
 from openenv.training import contract as contracts
+from training.config_defaults import apply_training_defaults
 
 FIELDS = ("adapter", "output_adapter", "training_config", "auto_load", "post_eval")
 MAX_TRACKED_TRAINING_JOBS = 1024
@@ -150,12 +153,15 @@ def training_preflight(*, adapter: str, output_adapter: str, training_config: di
         raise KilnError("adapter_revision_conflict", f"output_adapter: adapter {output_adapter!r} already exists",
                         status=409, field="output_adapter",
                         hint="use a new versioned output name for every round, e.g. counter-agent-r002")
+    merged, sources = apply_training_defaults(training_config, settings.KILN.training_defaults)
     try:
-        effective = contracts.effective_config(training_config, adapter=behavior, output_adapter=output_adapter,
+        effective = contracts.effective_config(merged, adapter=behavior, output_adapter=output_adapter,
                                                auto_load=auto_load)
     except GrpoConfigError as exc:
+        hint = ("this config combines training_config with the server's [training.defaults] (GET /v1/config)"
+                if "server_defaults" in sources.values() else "")
         raise KilnError(exc.code, f"training_config.{exc.field}: {exc.message}", status=400,
-                        field=f"training_config.{exc.field}") from None
+                        field=f"training_config.{exc.field}", hint=hint) from None
     post = _post_eval(post_eval)
     policy = behavior_policy(behavior)
     figures = capacity()

@@ -7,7 +7,8 @@
    nothing is left the run is `completed` with no training job and says why;
 4. `training.services.grpo_submit` with the kept groups (canonical AgenticGroups: their action
    segments get the policy gradient, their observation segments ECHO's cross-entropy as the
-   contract's `loss.echo` says), exactly the contract's `effective_config` and `post_eval`, in one
+   contract's `loss.echo` says), exactly the contract's `effective_config` and `post_eval` (the
+   receipt's `config_sources` name the fields the server's `[training.defaults]` filled at sealing), in one
    transaction with the run's move to `training_queued` (the GPU worker sees the job only once the
    run names it). A refusal keeps its own code (e.g. `training_queue_full`) at stage
    `training_submission`.
@@ -69,7 +70,10 @@ def submit_training(run: OpenEnvRun, groups: list[dict]) -> dict:
         body["post_eval"] = contract["post_eval"]
     try:
         with transaction.atomic():
-            job, seed = grpo_submit(body=body, user=run.submitted_by, route="/v1/train/grpo")
+            sources = contracts.config_sources((run.request or {}).get("training_config"),
+                                               contract["effective_config"])
+            job, seed = grpo_submit(body=body, user=run.submitted_by, route="/v1/train/grpo",
+                                    sealed_sources=sources)
             submission = {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
                           "message": f"GRPO training queued; it will publish adapter "
                                      f"{contract['effective_config']['output_name']}"}

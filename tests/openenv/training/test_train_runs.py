@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import socket
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -113,6 +114,45 @@ def test_a_train_run_collects_selects_trains_and_publishes(api, home, counter, s
     # `kiln train status` sees the ordinary GRPO job.
     assert any(j["job_id"] == str(job.uuid) for j in api.get("/v1/train/status").json())
     error_of(api.delete(f"/v1/openenv/runs/{first['run_id']}"), 409, "openenv_run_not_cancellable")
+
+
+def test_the_servers_training_defaults_fill_what_the_run_leaves_out(api, home, counter, served, policies, settings):
+    # `kiln serve` on the demo writes [training.defaults] (adam_w at 3e-5); a train run that names
+    # neither gets them sealed into its contract, and the GRPO job's receipt fields say where each
+    # field came from: the run's own (lora_rank), Kiln's (output_name), the server's, the built-in.
+    table = {"optimizer": {"kind": "adam_w"}, "learning_rate": 3e-5, "kl_coeff": 0.05}
+    settings.KILN = replace(settings.KILN, training_defaults=table)
+    body = train_body(counter.url, training_config={"lora_rank": 2, "lora_alpha": 4, "seed": 7, "kl_coeff": 0.2})
+    created = post_run(api, body)
+    assert created.status_code == 202, created.content
+    effective = created.json()["training_contract"]["effective_config"]
+    assert effective["optimizer"]["kind"] == "adam_w" and effective["learning_rate"] == 3e-5
+    assert effective["kl_coeff"] == 0.2  # the run's own value beats the server's
+    preflight = api.post("/v1/openenv/training/preflight", data=json.dumps(
+        {"output_adapter": "pf-agent", "training_config": {"optimizer": {"kind": "muon"}}}),
+        content_type="application/json").json()
+    # a run that names another optimizer keeps that optimizer's own learning rate
+    assert preflight["effective_config"]["optimizer"]["kind"] == "muon"
+    assert preflight["effective_config"]["learning_rate"] is None
+
+    run_queued_jobs("control")
+    queued = status(api, created.json()["run_id"])
+    assert queued["state"] == "training_queued", queued
+    job = Job.objects.get(uuid=queued["training_job_id"])
+    assert job.payload["config"] == effective
+    sources = job.payload["config_sources"]
+    assert (sources["optimizer"], sources["learning_rate"]) == ("server_defaults", "server_defaults")
+    assert (sources["lora_rank"], sources["kl_coeff"], sources["output_name"]) == ("request",) * 3
+    assert sources["clip_epsilon"] == "default"
+    assert job.payload["server_training_defaults"] == {"optimizer": effective["optimizer"], "learning_rate": 3e-5}
+
+    # a server default that cannot combine with the run's config is refused before any episode,
+    # and the hint names the table
+    settings.KILN = replace(settings.KILN, training_defaults={"optimizer": {"kind": "adam_w"}})
+    bad = post_run(api, train_body(counter.url, idempotency_key="train:bad", output_adapter="other-agent",
+                                   training_config={"lora_rank": 2, "lora_alpha": 4, "learning_rate": -1}))
+    error = error_of(bad, 400, "training_invalid_request")
+    assert "training_config.learning_rate" in error["message"] and "[training.defaults]" in error["hint"]
 
 
 def test_nothing_left_after_selection_completes_without_a_training_job(api, home, counter, served, policies):
