@@ -67,25 +67,33 @@ def served_model_identity() -> dict | None:
 
 
 MODEL_WAIT_SECONDS = 300.0  # a freshly started GPU worker may still be loading the model
+WORKER_WAIT_SECONDS = 60.0  # after a restart the control worker may start before the GPU worker
 
 
-def wait_for_inference_ready(ctx, *, timeout: float = MODEL_WAIT_SECONDS, poll: float = 2.0) -> None:
-    """For a job that samples: wait (bounded, cancellable, one progress line) while the model loads;
-    any other unavailability raises at once."""
+def wait_for_inference_ready(ctx, *, timeout: float = MODEL_WAIT_SECONDS, worker_timeout: float = WORKER_WAIT_SECONDS,
+                             poll: float = 2.0) -> None:
+    """For a job that samples: wait (bounded, cancellable, one progress line) while the model loads,
+    or for a while until a GPU worker is up (kiln serve starts its workers side by side); a model
+    that failed to load raises at once."""
     import time
 
-    deadline = time.monotonic() + timeout
-    reported = False
+    started = time.monotonic()
+    reported = None
     while True:
         try:
             require_inference_ready()
             return
         except KilnError as exc:
-            if exc.code != "model_loading" or time.monotonic() > deadline:
+            waited = time.monotonic() - started
+            if exc.code == "model_loading" and waited <= timeout:
+                message = "waiting for the GPU worker to load the model"
+            elif exc.code == "inference_unavailable" and waited <= worker_timeout:
+                message = "waiting for a GPU worker to start"
+            else:
                 raise
         ctx.raise_if_stopped()
-        if not reported:
-            ctx.report_progress(0.0, "waiting for the GPU worker to load the model")
-            reported = True
+        if reported != message:
+            ctx.report_progress(0.0, message)
+            reported = message
         time.sleep(poll)
 

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from adapters.serving.limits import check_caps, error_from_event
 from adapters.serving.schemas import ChatCompletionRequest
-from adapters.serving.transport import FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT, events_key
+from adapters.serving.transport import FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT, claim_key, events_key
 from core.errors import KilnError
 from core.redis_clients import blocking_client_options
 
@@ -71,7 +71,10 @@ def chat_completion_sync(body: dict, timeout: float = 900.0) -> dict:
     """Run one chat completion on the GPU worker and return the OpenAI-shaped response.
 
     `timeout` bounds the whole call (queueing included); within it the worker must answer within
-    FIRST_EVENT_TIMEOUT and then go no longer than IDLE_TIMEOUT between events.
+    FIRST_EVENT_TIMEOUT and then go no longer than IDLE_TIMEOUT between events. When the worker that
+    took the request dies before answering (kill -9, out of memory), the request is sent once more
+    to the worker that replaces it (a seeded request answers the same); a second loss is a 503
+    `inference_worker_lost`.
     """
     from adapters.serving.selectors import require_inference_ready
     from core.profiles import require_profile_allows
@@ -81,35 +84,87 @@ def chat_completion_sync(body: dict, timeout: float = 900.0) -> dict:
     require_inference_ready()
     if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    deadline = time.monotonic() + timeout
+    payload = parsed.model_dump(mode="json")
+    for attempt in range(RESEND_ATTEMPTS + 1):
+        try:
+            return _send_and_wait(payload, deadline)
+        except WorkerLost as lost:
+            if attempt == RESEND_ATTEMPTS:
+                raise KilnError("inference_worker_lost", f"the GPU worker stopped while answering ({lost})",
+                                status=503, hint="kiln serve restarts it; submit the request again") from None
+            _wait_for_a_worker(deadline)
+    raise AssertionError("unreachable")
 
+
+class WorkerLost(Exception):
+    """The worker that took the request is dead and never answered."""
+
+
+RESEND_ATTEMPTS = 1
+LIVENESS_POLL_SECONDS = 5.0  # how often a waiting reader checks that the request's worker lives
+
+
+def _claimed_by_dead_worker(client, request_id: str) -> str | None:
+    """The id of the dead worker that took this request, or None (not taken yet, or its worker lives)."""
+    from core.jobs.liveness import worker_is_dead
+    from core.jobs.models import WorkerHeartbeat
+
+    worker_id = client.get(claim_key(request_id))
+    if worker_id is None:
+        return None
+    worker_id = worker_id.decode() if isinstance(worker_id, bytes) else str(worker_id)
+    return worker_id if worker_is_dead(WorkerHeartbeat.objects.filter(worker_id=worker_id).first()) else None
+
+
+def _wait_for_a_worker(deadline: float) -> None:
+    """Until a live GPU worker has the model loaded again (kiln serve restarts a dead one)."""
+    from adapters.serving.selectors import require_inference_ready
+
+    while True:
+        try:
+            require_inference_ready()
+            return
+        except KilnError:
+            if time.monotonic() + LIVENESS_POLL_SECONDS > deadline:
+                raise
+        time.sleep(1.0)
+
+
+def _send_and_wait(payload: dict, deadline: float) -> dict:
     from adapters.serving.tasks import run_chat_completion
 
     client = _redis()
     request_id = uuid.uuid4().hex
     key = events_key(request_id)
-    deadline = time.monotonic() + timeout
     wait = FIRST_EVENT_TIMEOUT
     try:
-        run_chat_completion.send(request_id, parsed.model_dump(mode="json"))
+        run_chat_completion.send(request_id, payload)
+        quiet_since = time.monotonic()
         while True:
             remaining = deadline - time.monotonic()
-            step = min(wait, remaining)
+            step = min(wait - (time.monotonic() - quiet_since), remaining, LIVENESS_POLL_SECONDS)
+            if remaining <= 0:
+                raise KilnError("inference_timeout", "no complete answer from the GPU worker within the call's "
+                                "timeout", status=504, hint="the GPU worker may be busy or stopped; see /health")
             if step <= 0:
-                raise KilnError("inference_timeout", f"no complete answer from the GPU worker within {timeout:.0f}s",
+                raise KilnError("inference_timeout", f"no answer from the GPU worker within {wait:.0f}s",
                                 status=504, hint="the GPU worker may be busy or stopped; see /health")
             # Whole seconds (at least 1): BLPOP's timeout 0 would block forever.
             item = client.blpop([key], timeout=max(1, math.ceil(step)))
             if item is None:
-                raise KilnError("inference_timeout", f"no answer from the GPU worker within {step:.0f}s",
-                                status=504, hint="the GPU worker may be busy or stopped; see /health")
+                dead = _claimed_by_dead_worker(client, request_id)
+                if dead is not None:
+                    raise WorkerLost(f"worker {dead}")
+                continue
             event = json.loads(item[1])
             if event.get("type") == "done":
                 return event["response"]
             if event.get("type") == "error":
                 raise error_from_event(event)
-            wait = IDLE_TIMEOUT
+            wait, quiet_since = IDLE_TIMEOUT, time.monotonic()
     finally:
         try:
-            client.delete(key)
-        except Exception:  # noqa: BLE001 - the list expires anyway (transport.EVENT_TTL_SECONDS)
+            client.delete(key, claim_key(request_id))
+        except Exception:  # noqa: BLE001 - the keys expire anyway (transport.EVENT_TTL_SECONDS)
             pass

@@ -18,5 +18,8 @@ INFER_TIME_LIMIT_MS = 15 * 60 * 1000
 @dramatiq.actor(queue_name="infer", max_retries=0, time_limit=INFER_TIME_LIMIT_MS)
 def run_chat_completion(request_id: str, body: dict) -> None:
     from adapters.serving.transport import WorkerEmitter
+    from core.jobs.worker_state import current_worker_id
 
-    import_module(WORKER_HANDLER).handle_chat_completion(body, WorkerEmitter(request_id).emit)
+    emitter = WorkerEmitter(request_id)
+    emitter.claim(current_worker_id())
+    import_module(WORKER_HANDLER).handle_chat_completion(body, emitter.emit)

@@ -3,7 +3,9 @@
 The web process enqueues the request on the `infer` queue and reads events from a Redis list
 named after the request; the worker appends them: zero or more `delta` events, then exactly one
 `done` (the full response) or `error` ({code, message, hint, status}). The list expires, so an
-abandoned request leaves nothing behind.
+abandoned request leaves nothing behind. A worker that takes a request first records its worker id
+under `claim_key`, so a reader can tell a request whose worker died (kill -9, out of memory) from
+one that is only waiting behind other work.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ def events_key(request_id: str) -> str:
     return f"kiln:infer:{request_id}"
 
 
+def claim_key(request_id: str) -> str:
+    return f"kiln:infer:{request_id}:worker"
+
+
 def _redis_url() -> str:
     from django.conf import settings
 
@@ -37,6 +43,10 @@ class WorkerEmitter:
 
         self.key = events_key(request_id)
         self.client = client or redis.Redis.from_url(_redis_url())
+
+    def claim(self, worker_id: str) -> None:
+        """Say which worker answers this request (before any work on it)."""
+        self.client.set(claim_key(self.key.removeprefix("kiln:infer:")), worker_id, ex=EVENT_TTL_SECONDS)
 
     def emit(self, event: dict) -> None:
         pipe = self.client.pipeline()

@@ -52,8 +52,10 @@ def _chat_post():
         try:
             return chat_completion_sync(body, timeout=REQUEST_TIMEOUT_S)
         except KilnError as exc:
+            # 503/504 (the worker shutting down or lost, a timeout) pass; a retry may succeed
             raise CollectionError("openenv_policy_failed", f"the model server answered {exc.code}: {exc.message}",
-                                  failure_code="model_inference_failed", hint=exc.hint or None) from None
+                                  failure_code="model_inference_failed", retryable=exc.status in (503, 504),
+                                  hint=exc.hint or None) from None
         finally:
             connections.close_all()  # the readiness reads opened this thread's own connection
 

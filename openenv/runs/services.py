@@ -234,8 +234,14 @@ def run_create(*, body: dict, user=None) -> tuple[OpenEnvRun, bool]:
 # --- admission ---------------------------------------------------------------------------------
 
 def runs_admit() -> list[OpenEnvRun]:
-    """Admit queued runs in sequence order while fewer than max_active_runs are active."""
+    """Admit queued runs in sequence order while fewer than max_active_runs are active. Not while this
+    worker shuts down: a run admitted then would only fail `run_interrupted` at the next boot, where
+    a never-admitted one resumes."""
+    from core.jobs.runner import shutting_down
     from core.jobs.services import job_submit
+
+    if shutting_down():
+        return []
 
     def admit() -> list[OpenEnvRun]:
         admitted = []

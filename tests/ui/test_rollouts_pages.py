@@ -367,9 +367,13 @@ class FakeRedis:
                 return key.encode(), self.lists[key].pop(0)
         return None
 
-    def delete(self, key):
-        self.deleted.append(key)
-        self.lists.pop(key, None)
+    def delete(self, *keys):
+        for key in keys:
+            self.deleted.append(key)
+            self.lists.pop(key, None)
+
+    def get(self, key):  # the claim of the worker that took a request: none here
+        return None
 
 
 @pytest.fixture
@@ -401,7 +405,8 @@ def test_sync_client_sends_the_validated_body_and_returns_the_response(transport
     assert body["messages"] == [{"role": "user", "content": "What is 2 + 3?", "reasoning_content": None,
                                  "name": None, "tool_call_id": None}]
     assert body["seed"] == 1 and body["stream"] is False and body["temperature"] == 1.0  # the model's dump
-    assert fake.deleted == [f"kiln:infer:{request_id}"] and fake.timeouts == [30]
+    assert fake.deleted == [f"kiln:infer:{request_id}", f"kiln:infer:{request_id}:worker"]
+    assert fake.timeouts == [5]  # the reader checks every 5 s that the request's worker still lives
 
 
 def test_sync_client_raises_the_workers_error_and_refuses_bad_bodies(transport):

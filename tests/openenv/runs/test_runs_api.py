@@ -190,3 +190,21 @@ def test_the_digest_is_the_normalized_request():
     b = normalize(dict(rollout_body("127.0.0.1:9"), temperature=1.0, max_steps=4))
     assert a == b and request_digest(a) == request_digest(b)
     assert request_digest(a) != request_digest(normalize(rollout_body(URL, seed_start=2**62)))
+
+
+def test_a_control_worker_that_is_shutting_down_admits_no_queued_run(api, home, bounds, monkeypatch):
+    # Before: a run that ended during a planned shutdown admitted the next queued one, which the
+    # next boot then failed `run_interrupted`; a never-admitted run resumes after the restart.
+    from core.jobs import runner
+    from openenv.runs.services import runs_admit
+
+    bounds(max_active_runs=1)
+    first = post_run(api, rollout_body(URL)).json()
+    second = post_run(api, rollout_body(URL, seed_start=7)).json()
+    monkeypatch.setattr(runner._shutting_down, "is_set", lambda: True)
+    assert api.delete(f"/v1/openenv/runs/{first['run_id']}").json()["state"] == "cancelled"
+    assert runs_admit() == []
+    waiting = OpenEnvRun.objects.get(id=second["run_id"])
+    assert waiting.state == "queued" and waiting.admitted_at is None
+    monkeypatch.undo()
+    assert [str(r.id) for r in runs_admit()] == [second["run_id"]]
