@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,21 @@ from typing import Any
 
 class ArtifactError(OSError):
     """Publication failed; the previous state was left as it was."""
+
+
+def check_replaceable(path: Path) -> None:
+    """Refuse (ArtifactError) to publish over anything but a regular file or a symlink: an atomic
+    rename would put a plain file in place of a device, a FIFO or a socket (`--output /dev/null`
+    run as root would replace the machine's /dev/null)."""
+    try:
+        kind = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ArtifactError(f"cannot publish {path}: {exc}") from None
+    if not (stat.S_ISREG(kind) or stat.S_ISLNK(kind)):
+        what = "a directory" if stat.S_ISDIR(kind) else "a device, FIFO or socket"
+        raise ArtifactError(f"{path} is {what}, not a file: name a file path for the output")
 
 
 def hidden_sibling(path: Path, suffix: str) -> Path:
@@ -73,6 +89,7 @@ def write_file(path: Path, data: bytes, *, mode: int = 0o644, exclusive: bool = 
     """Publish `data` at `path` atomically, replacing what was there, or with `exclusive` refusing
     (FileExistsError) a path that already exists."""
     path = Path(path)
+    check_replaceable(path)
     temp = hidden_sibling(path, "tmp")
     try:
         _write_synced(temp, data, mode)
@@ -202,6 +219,8 @@ def publish_together(files: list[tuple[Path, bytes]], *, mode: int = 0o644) -> N
     back. Raises ArtifactError (the previous files left as they were) on an OS failure.
     """
     targets = [Path(os.path.abspath(path)) for path, _ in files]
+    for target in targets:
+        check_replaceable(target)
     temps: list[Path] = []
     backups: list[Path | None] = []
     replaced: list[tuple[Path, Path | None]] = []

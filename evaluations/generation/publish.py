@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from core.artifacts import ArtifactError
+from core.artifacts import ArtifactError, check_replaceable
 from core.artifacts import publish_together as publish_files
 from evaluations.generation.errors import RolloutError
 
@@ -26,6 +26,10 @@ def check_targets(paths: list[Path]) -> list[Path]:
             raise RolloutError("output_directory_missing", f"the directory of {path} does not exist")
         if path.is_dir():
             raise RolloutError("output_is_directory", f"{path} is a directory")
+        try:
+            check_replaceable(path)  # a device, FIFO or socket would be replaced by a plain file
+        except ArtifactError as exc:
+            raise RolloutError("output_not_a_file", str(exc)) from None
         if not os.access(path.parent, os.W_OK | os.X_OK):
             raise RolloutError("output_not_writable", f"cannot write in {path.parent}")
     return resolved

@@ -10,7 +10,7 @@ import httpx
 
 from kiln_project.cli.adapters_verify_cmd import add_verify_parser, run_verify
 from kiln_project.cli.client import CliError, KilnClient, raise_for_stream_error
-from kiln_project.cli.output import print_json, print_table
+from kiln_project.cli.output import check_output_path, print_json, print_table
 
 TRANSFER_TIMEOUT = 600.0  # uploads and downloads of large adapters
 
@@ -79,6 +79,7 @@ def _print_detail(detail: dict) -> None:
 
 
 def _download(client: KilnClient, name: str, output: Path) -> dict:
+    check_output_path(output)
     partial = output.with_name(f".{output.name}.part")
     try:
         with client._http.stream("GET", f"/v1/adapters/{name}/download", timeout=TRANSFER_TIMEOUT) as response:

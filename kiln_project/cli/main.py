@@ -22,12 +22,21 @@ from kiln_project.cli import (
 from kiln_project.cli.client import CliError, default_url
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviated long options: `kiln openenv train --output x` must be refused,
+    not taken as `--output-adapter x` (every sub-parser is made with the root parser's class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=None, help=f"Kiln server URL (default KILN_URL, else {default_url()})")
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    parser = argparse.ArgumentParser(prog="kiln", description="Kiln: improve a local language model from its own use.")
+    parser = _Parser(prog="kiln", description="Kiln: improve a local language model from its own use.")
     sub = parser.add_subparsers(dest="command", required=True)
     serve.add_parser(sub)
     worker.add_parser(sub)
@@ -54,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `kiln openenv runs | head -3`: the reader left; say nothing more (and let the interpreter's
+        # final flush of stdout go nowhere instead of printing a traceback).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

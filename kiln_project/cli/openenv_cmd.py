@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kiln_project.cli import openenv_runs_cmd
 from kiln_project.cli.client import CliError
-from kiln_project.cli.output import print_json
+from kiln_project.cli.output import check_output_path, print_json
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -284,6 +284,8 @@ def _rollout(args) -> int:
         reset_options=_reset_file(args.reset_options) if args.reset_options is not None else None,
         environment_reset_options=per_environment, output_path=args.output, replay_output_path=args.replay_output,
         summary_output_path=args.summary_output).check()
+    for path in (config.output_path, config.replay_output_path, config.summary_output_path):
+        check_output_path(path)  # before any episode: a device or FIFO is refused, not replaced
     policy = ChatCompletionPolicy(_kiln_post(client), adapter=adapter_name(args.adapter))
     bar, progress = _progress()
     try:
@@ -302,10 +304,8 @@ def _rollout(args) -> int:
     print(f"wrote {summary['groups']} groups ({summary['rollout_count']} rollouts) to {summary['output_path']}")
     print(f"replay: {summary['replay_output_path']}")
     print(f"summary: {summary['summary_output_path']}")
-    print(f"return mean {stats['mean_episode_return']:.4g}  min {stats['min_episode_return']:.4g}  "
-          f"max {stats['max_episode_return']:.4g}; done {stats['done_count']}, max_steps {stats['max_steps_count']}, "
-          f"invalid {stats['invalid_model_action_count']}, protocol {stats['protocol_error_count']}; "
-          f"{stats['total_environment_steps']} steps, {stats['total_model_tokens']} policy tokens")
+    returns, episodes = openenv_runs_cmd.stats_lines(stats)
+    print(f"return {returns}; {episodes}")
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     return 0

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from kiln_project.cli.client import CliError, KilnClient, raise_for_stream_error
-from kiln_project.cli.output import print_json, print_table
+from kiln_project.cli.output import check_output_path, print_json, print_table
 
 COMMANDS = ("start", "runs", "status", "artifact", "cancel", "train")
 MAX_REQUEST_BYTES = 1024 * 1024
@@ -291,6 +291,21 @@ def _follow(client: KilnClient, status: dict, args) -> int:
     return _outcome(status)
 
 
+def stats_lines(stats: dict) -> tuple[str, str]:
+    """(the published returns, the episodes' outcomes and costs) of a run's or a rollout's statistics:
+    what `status`, `status --follow` and `rollout` print (the dashboard card shows the same figures)."""
+    returns = f"mean {stats['mean_episode_return']:.4g}"
+    if stats.get("min_episode_return") is not None:
+        returns += f", range [{stats['min_episode_return']:.4g}, {stats['max_episode_return']:.4g}]"
+    episodes = (f"done {stats['done_count']}, max_steps {stats['max_steps_count']}, invalid "
+                f"{stats['invalid_model_action_count']}, protocol {stats['protocol_error_count']}; "
+                f"recoveries {stats.get('recoverable_protocol_error_count', 0)}, capacity retries "
+                f"{stats.get('capacity_retry_count', 0)}; {stats['total_environment_steps']} steps, "
+                f"{stats['total_model_tokens']} policy tokens, mean policy latency "
+                f"{stats.get('mean_model_latency_ms', 0.0):.0f} ms")
+    return returns, episodes
+
+
 def _outcome(status: dict) -> int:
     failure = status.get("failure")
     if status["state"] == "failed":
@@ -312,9 +327,9 @@ def _show(status: dict, args) -> int:
         print("cancel    requested: stops at the next boundary of its phase")
     stats = status.get("rollout_stats")
     if stats:
-        print(f"outcomes  done {stats['done_count']}, max_steps {stats['max_steps_count']}, invalid "
-              f"{stats['invalid_model_action_count']}, protocol {stats['protocol_error_count']}; "
-              f"{stats['total_environment_steps']} steps, {stats['total_model_tokens']} policy tokens")
+        returns, episodes = stats_lines(stats)
+        print(f"return    {returns}")
+        print(f"outcomes  {episodes}")
     if status.get("training_contract_sha256"):
         print(f"contract  {status['training_contract_sha256']}")
     if status.get("training"):
@@ -358,6 +373,7 @@ def _artifact(client: KilnClient, args) -> int:
     output = args.output
     if (output.exists() or output.is_symlink()) and not args.force:
         raise CliError("openenv_artifact_output_exists", f"{output} exists", "pass --force to replace it")
+    check_output_path(output)
     source = f"{_path(args.run_id)}/artifacts/{args.kind}"
     partial = output.with_name(f".{output.name}.part")
     digest, size = hashlib.sha256(), 0

@@ -64,3 +64,15 @@ def follow(fetch, label, *, poll_seconds: float = 0.5) -> dict:
             time.sleep(poll_seconds)
     finally:
         bar.close()
+
+
+def check_output_path(path) -> None:
+    """Refuse, before anything is downloaded, an output that is a device, FIFO, socket or directory:
+    the download is published by renaming over it (core.artifacts.check_replaceable)."""
+    from core.artifacts import ArtifactError, check_replaceable
+    from kiln_project.cli.client import CliError
+
+    try:
+        check_replaceable(path)
+    except ArtifactError as exc:
+        raise CliError("output_not_a_file", str(exc)) from None

@@ -108,3 +108,34 @@ def test_kill_9_while_publishing_a_folder_leaves_the_old_state_or_the_new_one(tm
         contents = {(final / name).read_text() for name in os.listdir(final)}
         assert len(os.listdir(final)) == 200 and len(contents) == 1, "a mix of two publications"
         assert next(iter(contents))[0] in "012345"
+
+
+def test_an_output_that_is_a_fifo_or_a_directory_is_refused_and_left_as_it_was(tmp_path):
+    # An atomic rename over a device would replace it with a plain file: `--summary-output /dev/null`
+    # run as root once turned this machine's /dev/null into a regular file.
+    import stat
+
+    from kiln_project.cli.client import CliError
+    from kiln_project.cli.output import check_output_path
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    other = tmp_path / "other.json"
+    for target in (fifo, folder):
+        with pytest.raises(artifacts.ArtifactError, match="not a file"):
+            artifacts.write_file(target, b"x")
+        with pytest.raises(artifacts.ArtifactError, match="not a file"):
+            artifacts.publish_together([(other, b"{}"), (target, b"x")])
+        with pytest.raises(CliError) as caught:
+            check_output_path(target)
+        assert caught.value.code == "output_not_a_file"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and folder.is_dir() and not other.exists()
+    assert set(tmp_path.iterdir()) == {fifo, folder}  # nothing staged is left behind
+    # a regular file and a symlink are still replaced
+    (tmp_path / "file").write_text("old")
+    artifacts.write_file(tmp_path / "file", b"new")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    artifacts.publish_together([(tmp_path / "link", b"linked")])
+    assert (tmp_path / "link").read_bytes() == b"linked" and not (tmp_path / "link").is_symlink()

@@ -50,7 +50,14 @@ def test_start_follow_status_runs_and_artifact(cli, home, counter, policies, tmp
     assert cli.run("status", run_id) == 0
     text = capsys.readouterr().out
     assert f"run       {run_id}  (rollout, sequence 1)" in text and "artifact  dataset" in text
-    assert "outcomes  done 4" in text
+    # what the guide says status exposes: the mean and range, outcomes, recoveries, capacity retries,
+    # steps, policy tokens and latency
+    assert (f"return    mean {stats['mean_episode_return']:.4g}, range [{stats['min_episode_return']:.4g}, "
+            f"{stats['max_episode_return']:.4g}]") in text
+    assert (f"outcomes  done 4, max_steps 0, invalid 0, protocol 0; recoveries "
+            f"{stats['recoverable_protocol_error_count']}, capacity retries {stats['capacity_retry_count']}; "
+            f"{stats['total_environment_steps']} steps, {stats['total_model_tokens']} policy tokens, mean policy "
+            f"latency {stats['mean_model_latency_ms']:.0f} ms") in text
     assert cli.run("status", run_id, "--json", "--follow") == 0
     assert json.loads(capsys.readouterr().out)["state"] == "rollout_ready"
     assert cli.run("runs") == 0
