@@ -144,7 +144,7 @@ def _endpoints(urls: list[str]) -> list[Endpoint]:
     try:
         endpoints = [normalize_url(url) for url in urls]
     except OpenEnvUrlInvalid as exc:
-        raise _client_error(exc) from None
+        raise _client_error(exc, "openenv_invalid_url") from None  # a bad URL is a 400 (BAD_REQUEST)
     if not settings.KILN.openenv_allow_remote_environments:
         for endpoint in endpoints:
             if not is_loopback_only(endpoint):
@@ -172,16 +172,19 @@ def _credentials(handles: list[str | None], endpoints, *, read_tokens: bool = Tr
         raise KilnError(exc.code, exc.message, status=400, hint=exc.hint or "") from None
 
 
-def _client_error(exc: OpenEnvError) -> KilnError:
-    status = 400 if isinstance(exc, BAD_REQUEST) else 502
-    return KilnError(exc.code, exc.message, status=status, hint=exc.hint or "")
+def _client_error(exc: OpenEnvError, failed_code: str) -> KilnError:
+    """A bad request keeps the client's own 400 code; an environment that failed is the route's 502
+    code (reference-spec §1.6), the client's code first in the message (what exactly went wrong)."""
+    if isinstance(exc, BAD_REQUEST):
+        return KilnError(exc.code, exc.message, status=400, hint=exc.hint or "")
+    return KilnError(failed_code, f"{exc.code}: {exc.message}", status=502, hint=exc.hint or "")
 
 
-def _run(coroutine):
+def _run(coroutine, failed_code: str):
     try:
         return asyncio.run(coroutine)
     except OpenEnvError as exc:
-        raise _client_error(exc) from None
+        raise _client_error(exc, failed_code) from None
 
 
 def _body(request, model: Documented, allowed: set[str]) -> dict:
@@ -206,7 +209,7 @@ def openenv_inspect(request, body: OpenEnvInspectRequest):
     async def inspect_all():
         return await asyncio.gather(*(inspect(e, credential=c) for e, c in zip(endpoints, credentials, strict=True)))
 
-    inspections = _run(inspect_all())
+    inspections = _run(inspect_all(), "openenv_inspection_failed")
     return {"schema": INSPECTION_SCHEMA, "environments": [i.to_json() for i in inspections]}
 
 
@@ -234,6 +237,6 @@ def openenv_tasks(request, body: OpenEnvTasksRequest):
                                                    start=start, limit=limit)
                                       for e, c in zip(endpoints, credentials, strict=True)))
 
-    pages = _run(catalogs())
+    pages = _run(catalogs(), "openenv_task_catalog_failed")
     return {"schema": CATALOG_SCHEMA,
             "catalogs": [{"base_url": e.base_url, "catalog": page} for e, page in zip(endpoints, pages, strict=True)]}

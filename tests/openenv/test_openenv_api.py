@@ -133,24 +133,27 @@ def test_bad_requests_are_400_with_stable_codes(api, body, status, code):
     assert error_of(response)["code"] == code
 
 
-def test_an_environment_that_fails_is_502_with_the_client_code(api):
+def test_an_environment_that_fails_is_502_inspection_failed_naming_the_client_code(api):
     with FakeServer(health_status=404) as server:
         response = post(api, "inspect", {"url": server.url})
     assert response.status_code == 502
     error = error_of(response)
-    assert error["code"] == "openenv_unhealthy" and error["hint"]
+    assert error["code"] == "openenv_inspection_failed" and error["hint"]
+    assert error["message"].startswith("openenv_unhealthy: ")
     documents = counter_documents()
     documents["/schema"] = ["not", "an", "object"]
     with FakeServer(documents=documents) as server:
         response = post(api, "inspect", {"url": server.url})
-    assert response.status_code == 502 and error_of(response)["code"] == "openenv_invalid_discovery"
+    assert response.status_code == 502 and error_of(response)["code"] == "openenv_inspection_failed"
+    assert error_of(response)["message"].startswith("openenv_invalid_discovery: ")
 
 
 def test_an_unreachable_environment_is_502_unavailable(api):
     with FakeServer() as server:
         port = server.port
     response = post(api, "inspect", {"url": f"http://127.0.0.1:{port}"})
-    assert response.status_code == 502 and error_of(response)["code"] == "openenv_unavailable"
+    assert response.status_code == 502 and error_of(response)["code"] == "openenv_inspection_failed"
+    assert error_of(response)["message"].startswith("openenv_unavailable: ")
 
 
 def test_tasks_lists_splits_from_a_real_socket(api):
@@ -199,7 +202,7 @@ def test_an_environment_without_the_task_api_routes_is_a_selection_error(api):
     assert response.status_code == 400 and error_of(response)["code"] == "openenv_invalid_task_selection"
     with FakeServer(health_status=503) as server:
         response = post(api, "tasks", {"url": server.url})
-    assert response.status_code == 502
+    assert response.status_code == 502 and error_of(response)["code"] == "openenv_task_catalog_failed"
 
 
 def test_the_routes_need_an_authenticated_user_with_submit_job():
