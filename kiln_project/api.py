@@ -44,7 +44,9 @@ def _kiln_error(request, exc: KilnError):
 
 # Routes whose request shape errors keep the code their contract gives every other bad value.
 VALIDATION_CODES = {"/v1/train/": (400, "training_invalid_request"), "/v1/training/": (400, "training_invalid_request"),
-                    "/v1/eval/": (400, "eval_invalid_request")}
+                    "/v1/eval/": (400, "eval_invalid_request"),
+                    "/v1/openenv/runs": (400, "openenv_invalid_request"),
+                    "/v1/openenv/training/": (400, "training_invalid_request")}
 
 
 @api.exception_handler(NinjaValidationError)

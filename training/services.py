@@ -124,8 +124,8 @@ def _parse_submission(body: dict) -> tuple[GrpoSubmission, dict[str, str]]:
         return GrpoSubmission.from_request({**body, "config": merged}), sources
     except GrpoConfigError as exc:
         field = exc.field if exc.field.startswith(("config", "post_eval")) else f"config.{exc.field}"
-        hint = ("this config combines the request with the server's [training.defaults] (GET /v1/config)"
-                if field.startswith("config") and "server_defaults" in sources.values() else "")
+        hint = exc.hint or ("this config combines the request with the server's [training.defaults] (GET /v1/config)"
+                            if field.startswith("config") and "server_defaults" in sources.values() else "")
         raise KilnError(getattr(exc, "code", "training_invalid_request"), f"{field}: {exc.message}",
                         status=400, field=field, hint=hint) from None
 

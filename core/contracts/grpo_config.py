@@ -235,6 +235,8 @@ class GrpoConfig:
                 f"alpha/rank = {self.alpha_over_rank:.3f} exceeds the safety limit {MAX_LORA_ALPHA_OVER_RANK}; "
                 "lower lora_alpha, raise lora_rank, or set allow_high_lora_scale",
                 code="unsafe_lora_scale",
+                hint=f"e.g. lora_alpha {2 * self.lora_rank:g} for lora_rank {self.lora_rank} (the CLI's --lora-rank "
+                     f"scales lora_alpha with it)",
             )
         check_name("base_adapter", self.base_adapter)
         check_name("output_name", self.output_name)

@@ -14,10 +14,11 @@ from typing import Any
 class GrpoConfigError(ValueError):
     """An invalid GrpoConfig value or combination. `field` is the dotted path of the culprit."""
 
-    def __init__(self, field: str, message: str, *, code: str = "training_invalid_request"):
+    def __init__(self, field: str, message: str, *, code: str = "training_invalid_request", hint: str = ""):
         self.field = field
         self.message = message
         self.code = code
+        self.hint = hint
         super().__init__(f"{field}: {message}")
 
 

@@ -132,6 +132,18 @@ def _evict() -> None:
         OpenEnvRun.objects.filter(id__in=oldest).delete()
 
 
+def _check_output_free(output_adapter: str) -> None:
+    """A second train run for the same output adapter would collect all its episodes and only then be
+    refused at training submission; refuse it now, before it spends any (under the admission lock)."""
+    other = (OpenEnvRun.objects.filter(kind="train").exclude(state__in=TERMINAL_STATES)
+             .filter(request__output_adapter=output_adapter).order_by("sequence").first())
+    if other is not None:
+        raise KilnError("adapter_revision_conflict",
+                        f"output_adapter: run {other.id} ({other.state}) is already training {output_adapter!r}",
+                        status=409, field="output_adapter",
+                        hint="use a new versioned output name for every run, e.g. counter-agent-r002")
+
+
 def run_submit(*, request: dict, user=None, seal=None) -> tuple[OpenEnvRun, bool]:
     """(run, created): a new queued run, or the original run of an exact idempotent retry.
 
@@ -157,6 +169,7 @@ def run_submit(*, request: dict, user=None, seal=None) -> tuple[OpenEnvRun, bool
                                 hint="wait for runs to finish or cancel some, then submit again")
             sealed = {}
             if seal is not None:
+                _check_output_free(request["output_adapter"])
                 receipt = seal()
                 sealed = {"training_contract": receipt["training_contract"],
                           "training_contract_sha256": receipt["training_contract_sha256"]}
@@ -189,7 +202,8 @@ def run_submit(*, request: dict, user=None, seal=None) -> tuple[OpenEnvRun, bool
 
 
 def _invalid(exc) -> KilnError:
-    return KilnError("openenv_invalid_request", f"request: {exc.message}", status=400, field=exc.field,
+    message = exc.message if exc.message.startswith("request: ") else f"request: {exc.message}"
+    return KilnError("openenv_invalid_request", message, status=400, field=exc.field,
                      hint=exc.hint or "see OpenEnvRunRequest in /v1/openapi.json")
 
 

@@ -158,8 +158,8 @@ def training_preflight(*, adapter: str, output_adapter: str, training_config: di
         effective = contracts.effective_config(merged, adapter=behavior, output_adapter=output_adapter,
                                                auto_load=auto_load)
     except GrpoConfigError as exc:
-        hint = ("this config combines training_config with the server's [training.defaults] (GET /v1/config)"
-                if "server_defaults" in sources.values() else "")
+        hint = exc.hint or ("this config combines training_config with the server's [training.defaults] "
+                            "(GET /v1/config)" if "server_defaults" in sources.values() else "")
         raise KilnError(exc.code, f"training_config.{exc.field}: {exc.message}", status=400,
                         field=f"training_config.{exc.field}", hint=hint) from None
     post = _post_eval(post_eval)

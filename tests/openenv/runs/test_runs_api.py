@@ -208,3 +208,14 @@ def test_a_control_worker_that_is_shutting_down_admits_no_queued_run(api, home, 
     assert waiting.state == "queued" and waiting.admitted_at is None
     monkeypatch.undo()
     assert [str(r.id) for r in runs_admit()] == [second["run_id"]]
+
+
+@pytest.mark.parametrize(("route", "code"), [("/v1/openenv/runs", "openenv_invalid_request"),
+                                             ("/v1/openenv/training/preflight", "training_invalid_request")])
+@pytest.mark.parametrize("body", ["[]", "3", '"run"', "not json"])
+def test_a_body_that_is_not_an_object_gets_the_routes_own_400(api, home, route, code, body):
+    response = api.post(route, data=body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    error = error_of(response, 400, code)
+    assert set(error) == {"code", "message", "hint"} and error["message"].startswith("request: ")
+    assert not OpenEnvRun.objects.exists()

@@ -97,3 +97,29 @@ def test_unknown_fields_and_bad_values_are_refused_with_training_codes(api, serv
     error_of(preflight(api, {"output_adapter": "x"}), 503, "inference_unavailable")
     settings.KILN = replace(settings.KILN, model_path=None)
     error_of(preflight(api, {"output_adapter": "x"}), 503, "mock_mode")
+
+
+def test_an_unsafe_lora_scale_says_what_alpha_would_do(api, served):
+    # The API does not scale lora_alpha with lora_rank as the CLI's --lora-rank does: rank 4 keeps the
+    # default alpha 32 (8x). The refusal says which alpha fits.
+    error = error_of(preflight(api, {"output_adapter": "x", "training_config": {"lora_rank": 4}}), 400,
+                     "unsafe_lora_scale")
+    assert error["message"].startswith("training_config.lora_alpha: alpha/rank = 8.000")
+    assert error["hint"] == "e.g. lora_alpha 8 for lora_rank 4 (the CLI's --lora-rank scales lora_alpha with it)"
+    ok = preflight(api, {"output_adapter": "x", "training_config": {"lora_rank": 4, "lora_alpha": 8}})
+    assert ok.status_code == 200, ok.content
+
+
+def test_a_second_train_run_for_the_same_output_is_refused_before_any_episode(api, served, home):
+    from tests.openenv.training.conftest import post_run, train_body
+
+    url = "http://127.0.0.1:9"  # nobody listens: nothing here is executed
+    first = post_run(api, train_body(url, idempotency_key="a"))
+    assert first.status_code == 202, first.content
+    second = post_run(api, train_body(url, idempotency_key="b", seed_start=500))
+    error = error_of(second, 409, "adapter_revision_conflict")
+    assert first.json()["run_id"] in error["message"] and error["hint"]
+    assert OpenEnvRun.objects.count() == 1
+    assert post_run(api, train_body(url, idempotency_key="a")).status_code == 200  # the exact retry still answers
+    api.delete(f"/v1/openenv/runs/{first.json()['run_id']}")
+    assert post_run(api, train_body(url, idempotency_key="c", seed_start=500)).status_code == 202
