@@ -30,6 +30,10 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str):
+        """One line, like every other CLI error (argparse prints the whole usage block first)."""
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)

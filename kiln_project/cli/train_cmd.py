@@ -30,6 +30,9 @@ def add_parser(subparsers, common) -> None:
     train.set_defaults(handler=run)
 
 
+REQUEST_SOURCES = ("groups", "agentic_groups", "dataset_path", "dataset")  # keys that make an object a request
+
+
 def load_request(path: Path) -> dict:
     """A JSON object with groups/config is a request; a JSON list or JSONL lines are groups."""
     try:
@@ -40,7 +43,7 @@ def load_request(path: Path) -> dict:
         whole = json.loads(text)
     except json.JSONDecodeError:
         whole = None
-    if isinstance(whole, dict) and any(k in whole for k in ("groups", "agentic_groups", "dataset_path", "dataset")):
+    if isinstance(whole, dict) and any(k in whole for k in REQUEST_SOURCES):
         return whole
     if isinstance(whole, dict):
         return {"groups": [whole]}
@@ -56,6 +59,16 @@ def load_request(path: Path) -> dict:
     if not groups:
         raise CliError("invalid_jsonl", f"{path} holds no groups")
     return {"groups": groups}
+
+
+def _is_groups_jsonl(path: Path) -> bool:
+    """Whether the file is JSONL of groups, one per line (what the server's dataset_path reads), rather
+    than one JSON request object or a JSON list of groups (which it would misread as lines)."""
+    try:
+        whole = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return True  # several lines of JSON (load_request has already checked each one)
+    return isinstance(whole, dict) and not any(k in whole for k in REQUEST_SOURCES)  # one group: one line
 
 
 def build_request(args) -> dict:
@@ -108,7 +121,7 @@ def _submit_grpo(client: KilnClient, args) -> dict:
     (another machine, or outside its dataset roots) the groups go inline instead, and a note says so.
     A request file (an object with a source) is sent as written."""
     inline = build_request(args)
-    if set(load_request(args.file)) != {"groups"}:
+    if not _is_groups_jsonl(args.file):  # a request object or a JSON batch (list) is sent as written
         return client.post("/v1/train/grpo", json=inline)
     streamed = {**{k: v for k, v in inline.items() if k != "groups"}, "dataset_path": str(args.file.resolve())}
     try:

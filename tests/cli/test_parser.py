@@ -17,7 +17,8 @@ def test_an_abbreviated_option_is_refused_not_taken_for_a_longer_one(capsys):
         build_parser().parse_args(["openenv", "train", "--environment", "http://127.0.0.1:1",
                                    "--output-adapter", "real-name", "--output", "abbrev-name"])
     assert exit_info.value.code == 2
-    assert "unrecognized arguments: --output\n" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("error: kiln: unrecognized arguments: --output "
+                                       "(see kiln --help)\n")
     args = build_parser().parse_args(["openenv", "train", "--environment", "http://127.0.0.1:1",
                                       "--output-adapter", "real-name"])
     assert args.output_adapter == "real-name"
@@ -45,3 +46,16 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     assert reader.wait(30) == 141
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
 
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["openenv", "rollout", "--thinking", "maybe"], "error: kiln openenv rollout: argument --thinking: "),
+    (["openenv", "train", "--environment", "http://127.0.0.1:1"],
+     "error: kiln openenv train: the following arguments are required: --output-adapter"),
+    (["nope"], "error: kiln: argument command: invalid choice: 'nope'"),
+])
+def test_a_usage_error_is_one_line_and_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err
