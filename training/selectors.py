@@ -104,11 +104,20 @@ def training_status(job: Job) -> dict:
 
 
 def _receipt(adapter_path: str | None, job: Job) -> dict | None:
-    candidates = [job.result.get("receipt_path")] + ([str(Path(adapter_path) / "train_receipt.json")]
-                                                     if adapter_path else [])
+    """The job's train receipt: the published adapter's, or the failure receipt a job that failed
+    or was cancelled after admission left under training/receipts/."""
+    from django.conf import settings
+
+    candidates = [(job.result or {}).get("receipt_path")] + ([str(Path(adapter_path) / "train_receipt.json")]
+                                                             if adapter_path else [])
+    if job.state in (JobState.FAILED, JobState.CANCELLED):
+        candidates.append(str(settings.KILN.layout.failure_receipt(str(job.uuid))))
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
-            return json.loads(Path(candidate).read_text())
+            try:
+                return json.loads(Path(candidate).read_text())
+            except (OSError, ValueError):
+                return None
     return None
 
 

@@ -150,3 +150,22 @@ def test_a_training_job_without_model_weights_fails_with_mock_mode(
     assert "real model weights are unavailable" in detail["error"]["message"]
     assert detail["adapter_path"] is None
     assert not Adapter.objects.filter(name="no-weights").exists()  # released: the name is free again
+
+
+def test_a_failed_jobs_detail_shows_its_failure_receipt(api, settings):
+    # A job that failed or was cancelled after admission leaves its receipt under training/receipts/
+    # (no adapter was published); the job detail used to answer train_receipt null.
+    from core.jobs.services import job_fail
+
+    job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "f1"}}).json()["job_id"]
+    job = Job.objects.get(uuid=job_id)
+    path = settings.KILN.layout.failure_receipt(job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    receipt = {"schema": "kiln.train-receipt.v1", "status": "failed", "failure_reason": "cancelled", "job_id": job_id}
+    path.write_text(json.dumps(receipt))
+    assert api.get(f"/v1/train/jobs/{job_id}").json()["train_receipt"] is None  # queued: not its receipt yet
+    Job.objects.filter(id=job.id).update(state="running")  # claimed by the GPU worker, then it fails
+    job.refresh_from_db()
+    assert job_fail(job=job, code="cancelled", message="cancelled after 51 optimizer steps")
+    detail = api.get(f"/v1/train/jobs/{job_id}").json()
+    assert detail["state"] == "failed" and detail["train_receipt"] == receipt
