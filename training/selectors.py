@@ -76,6 +76,13 @@ def _gate_fields(job: Job) -> dict:
               "post_eval_gate_evidence": result.get("post_eval_gate_evidence", [])}
     if evaluation is not None and evaluation.state in ("queued", "running"):
         fields["post_eval_verdict"] = "post-eval pending: the adapter stays inactive until the gate decides"
+    elif evaluation is not None and evaluation.state in ("failed", "cancelled") and not fields["gate_outcome"]:
+        # the post-eval job died before its gate decided (its worker killed, cancelled): that is the
+        # gate's `error` outcome, not a decision still to come
+        fields["gate_outcome"] = "error"
+        fields["post_eval_verdict"] = (f"the post-training evaluation ended {evaluation.state} before the gate decided "
+                                       f"({evaluation.error_code or 'no code'}: {evaluation.error_message or ''}); "
+                                       "the adapter stays inactive")
     return fields
 
 

@@ -133,3 +133,27 @@ def test_the_training_job_page_shows_the_three_states_and_the_gate(home, django_
     assert "gate <strong>error</strong>" in html
     assert 'id="gate-evidence" data-outcome="error"' in html
     assert "not active (gate error)" in html
+
+
+def test_a_post_eval_that_died_before_deciding_is_the_gates_error(home, django_capture_on_commit_callbacks):
+    # kill -9 of the control worker while the post-eval runs: the eval job ends failed
+    # (job_interrupted) with no gate result; the training status said gate_outcome null for ever.
+    suite_store(body=SUITE)
+    _published("cand3", home)
+    training = _training_job("cand3")
+    with django_capture_on_commit_callbacks(execute=True):
+        evaluation = post_eval_submit(training_job=training, adapter_name="cand3",
+                                      post_eval=PostEvalConfig.from_dict({"suite": "held", "min_accuracy": 0.5}),
+                                      suite_hash="sha256:" + "2" * 64, auto_load=True)
+    Job.objects.filter(id=training.id).update(
+        payload={"route": "/v1/train/grpo", "adapter_name": "cand3", "snapshot_path": "/nonexistent",
+                 "config": {"seed": "1", "output_name": "cand3"}, "training_data": {"source": "inline"},
+                 "post_eval": {"suite": "held", "min_accuracy": 0.5}},
+        result={"post_eval_job_id": str(evaluation.uuid)})
+    assert training_detail(Job.objects.get(id=training.id))["gate_outcome"] is None  # queued: still to decide
+    Job.objects.filter(id=evaluation.id).update(state="failed", error_code="job_interrupted",
+                                                error_message="the worker shut down while the job ran")
+    detail = training_detail(Job.objects.get(id=training.id))
+    assert detail["gate_outcome"] == "error"
+    assert "ended failed before the gate decided (job_interrupted: " in detail["post_eval_verdict"]
+    assert Adapter.objects.get(name="cand3").loaded is False
