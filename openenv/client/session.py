@@ -172,6 +172,10 @@ class Session:
         elif self._ended_by is not None:
             if self._pending is not None and not self._pending.done():
                 self._pending.set_exception(protocol_error(self._ended_by))
+        elif exc is not None and exc.rcvd is None and exc.sent is not None and exc.sent.code == 1011:
+            # we closed it: the server stopped answering our keepalive pings (stalled, SIGSTOP, a
+            # dead network path). A timeout, not a protocol fault of the server.
+            self._fail(OpenEnvTimeout(f"the environment stopped answering: {exc.sent.reason or 'keepalive ping timeout'}"))
         else:
             code = exc.rcvd.code if exc is not None and exc.rcvd is not None else None
             self._fail(OpenEnvSocketClosed(f"the server closed the socket (close code {code})"))

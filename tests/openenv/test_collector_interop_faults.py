@@ -118,3 +118,31 @@ def test_an_action_schema_changed_mid_run_fails_revalidation_and_publishes_nothi
         assert path.read_bytes() == b"before"
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted(
         p.name for p in (config.output_path, config.replay_output_path, config.summary_output_path))
+
+
+def test_a_stalled_server_is_a_retryable_timeout_not_a_protocol_error(python, tmp_path):
+    # SIGSTOP of the environment mid-episode: our keepalive ping gets no pong and websockets closes
+    # the socket itself (1011). That used to read "the server closed the socket (close code None)",
+    # environment_protocol_error, not retryable.
+    import os
+    import signal
+
+    from openenv.client.errors import OpenEnvTimeout
+    from openenv.client.session import open_session
+
+    async def stalled_step(server):
+        session = await open_session(server.url, ping_interval=1.0, request_timeout=30)
+        try:
+            await session.reset({"seed": 1})
+            os.kill(server.process.pid, signal.SIGSTOP)
+            with pytest.raises(OpenEnvTimeout) as caught:
+                await session.step({"delta": 1})
+            return caught.value
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+            await session.close()
+
+    with RealServer(python, tmp_path / "server") as server:
+        error = asyncio.run(stalled_step(server))
+    assert error.code == "openenv_timeout" and error.failure_code == "environment_unavailable" and error.retryable
+    assert "stopped answering" in str(error.message)
