@@ -153,6 +153,7 @@ def _render(request, *, values: dict, error: KilnError | None = None, status: in
         "suites": list(suite_list()),
         "data_scopes": DATA_SCOPES,
         "min_gate_groups": MIN_GATE_GROUPS,
+        "credential_handles": _credential_handles(),
         **cards_context(),
         **table_context(jobs_for_table(category="openenv"), category="openenv"),
     }
@@ -188,7 +189,15 @@ def openenv_page(request):
 def environment_row(request):
     """One more empty environment row for the form (htmx: appended to the rows)."""
     return render(request, ROW, {"row": {"url": "", "credential": "", "reset": ""}, "index": None,
-                                 "row_id": uuid.uuid4().hex[:8], "removable": True})
+                                 "row_id": uuid.uuid4().hex[:8], "removable": True,
+                                 "credential_handles": _credential_handles()})
+
+
+def _credential_handles() -> list[str]:
+    """The `[openenv.credentials.<id>]` handles this server has (never their origins or tokens)."""
+    from django.conf import settings
+
+    return sorted(settings.KILN.openenv_credentials)
 
 
 def _inspected_row(post) -> tuple[str, str | None]:

@@ -95,6 +95,24 @@ def test_the_form_renders_every_request_field_and_a_fresh_key_per_rendering(oper
     assert "Remove" in row and "Inspect" in row
 
 
+def test_the_credential_hint_names_the_configured_handles(operator_client, settings):
+    from dataclasses import replace
+
+    def hints():
+        page = operator_client.get(PAGE).content.decode()
+        row = operator_client.get("/ui/training/openenv/environment-row/").content.decode()
+        return [re.sub(r"\s+", " ", re.search(r'class="hint env-credential-hint">(.*?)</p>', html, re.S).group(1))
+                for html in (page, row)]
+
+    assert all("none is configured in kiln.toml, so any handle is refused" in h for h in hints())
+    settings.KILN = replace(settings.KILN, openenv_credentials={
+        "team": {"origin": "http://127.0.0.1:8990", "bearer_token_env": "TEAM_TOKEN"},
+        "arcade": {"origin": "https://env.example", "bearer_token_env": "ARCADE_TOKEN"}})
+    for hint in hints():
+        assert '<span class="mono">arcade, team</span>' in hint and "refused" not in hint
+        assert "TEAM_TOKEN" not in hint and "env.example" not in hint  # handles only
+
+
 def test_submit_records_a_run_whose_request_is_the_posted_body_normalized(operator_client, operator):
     data = _form(environment_url=[URL_A, URL_B], credential_id=["", ""], row_id=["0", "1"],
                  environment_reset_options=['{"target": 4, "seed": 9}', ""], groups="3", group_size="2",
