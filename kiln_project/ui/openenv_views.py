@@ -238,13 +238,15 @@ def inspect_view(request):
         [endpoint] = openenv_api._endpoints([url])
         [credential] = openenv_api._credentials([handle], [endpoint])
         if part != "catalog":
-            context["inspection"] = openenv_api._run(inspect(endpoint, credential=credential)).to_json()
+            context["inspection"] = openenv_api._run(inspect(endpoint, credential=credential),
+                                                        "openenv_inspection_failed").to_json()
     except KilnError as exc:
         context["error"] = exc
         return render(request, INSPECTION, context)
     try:
         catalog = openenv_api._run(task_catalog(endpoint, credential=credential, environment_name=name,
-                                                split=split, start=start, limit=TASK_PAGE))
+                                                split=split, start=start, limit=TASK_PAGE),
+                                    "openenv_task_catalog_failed")
         tasks = catalog.get("tasks") or []
         end = start + len(tasks)
         context.update(catalog=catalog, tasks=[json.dumps(t, sort_keys=True, ensure_ascii=False) for t in tasks],
