@@ -142,6 +142,29 @@ def _check_recorded(corpus: AdmittedCorpus, base_adapter_name: str | None) -> No
     check_recorded_corpus(corpus.groups, model_identity=served_model_identity(), base_adapter=base)
 
 
+def _check_checkpoint(value: str, output_name: str) -> None:
+    """Refuse at submission what the GPU worker would refuse at dequeue anyway: a checkpoint that is
+    not in the adapter registry, or one of another adapter. (The worker still re-validates every file
+    and the whole identity: data, config, base model, tokenizer.)"""
+    registry = settings.KILN.layout.adapters
+    path = settings.KILN.layout.checkpoint(value)
+    manifest_path = path / CHECKPOINT_MANIFEST if path else None
+    if manifest_path is None or not manifest_path.is_file():
+        where = "is not directly beneath" if path is None else "is not a checkpoint folder in"
+        raise KilnError("checkpoint_not_found", f"config.resume_checkpoint: {value!r} {where} the adapter "
+                        f"registry {registry}", status=400, field="config.resume_checkpoint",
+                        hint="name a checkpoint the job detail's latest_checkpoint shows, e.g. "
+                             "<adapter>-checkpoint-step-00000025.kiln-checkpoint")
+    try:
+        owner = json.loads(manifest_path.read_text()).get("adapter_name")
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable: the worker names why (checkpoint_invalid)
+    if isinstance(owner, str) and owner != output_name:
+        raise KilnError("checkpoint_adapter_mismatch", f"config.resume_checkpoint: checkpoint {path.name} belongs to "
+                        f"adapter {owner!r}, not {output_name!r}", status=409, field="config.resume_checkpoint",
+                        hint=f"an exact resume continues the same run: set output_name {owner!r}")
+
+
 def _checkpoint_seed(value: str) -> int | None:
     """The effective seed the checkpoint's run used: a resume without a seed inherits it (an exact
     resume needs the same one). None when the checkpoint cannot be read; the worker then names why."""
@@ -183,6 +206,8 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_
         _check_recorded(corpus, config.base_adapter)
     output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     validate_adapter_name(output_name, field="config.output_name")
+    if config.resume_checkpoint:
+        _check_checkpoint(config.resume_checkpoint, output_name)
     if config.seed is None and config.resume_checkpoint:
         config = config.with_seed(_checkpoint_seed(config.resume_checkpoint) or resolve_effective_seed(config))
     seed = resolve_effective_seed(config)

@@ -108,9 +108,20 @@ def test_a_resume_without_a_seed_inherits_the_checkpoints_effective_seed(api, se
     explicit = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001c", "seed": 5,
                                                           "resume_checkpoint": checkpoint.name}})
     assert explicit.json()["effective_seed"] == "5"  # a seed the request sets still wins
-    unknown = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001d",
-                                                         "resume_checkpoint": "nope.kiln-checkpoint"}})
-    assert unknown.status_code == 200 and unknown.json()["effective_seed"].isdigit()  # the worker names it
+    # what the worker would refuse at dequeue is refused at submission: nothing is queued
+    queued = Job.objects.count()
+    for value in ("nope.kiln-checkpoint", "/etc", str(settings.KILN.layout.adapters / "absent.kiln-checkpoint")):
+        refused = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001d", "resume_checkpoint": value}})
+        assert refused.status_code == 400, refused.content
+        error = refused.json()["error"]
+        assert error["code"] == "checkpoint_not_found" and error["message"].startswith("config.resume_checkpoint: ")
+        assert "registry" in error["message"] and error["hint"]
+    (checkpoint / "checkpoint_manifest.json").write_text(json.dumps({"adapter_name": "math-r001",
+                                                                     "effective_config": {"seed": "1"}}))
+    other = _post(api, {"groups": [GROUP], "config": {"output_name": "other-r001", "resume_checkpoint": checkpoint.name}})
+    assert other.status_code == 409 and other.json()["error"]["code"] == "checkpoint_adapter_mismatch"
+    assert "set output_name 'math-r001'" in other.json()["error"]["hint"]
+    assert Job.objects.count() == queued
 
 
 def test_auto_load_in_a_team_is_accepted_and_decided_by_the_promotion_rule(api):
