@@ -81,8 +81,10 @@ class Supervisor:
         raise CliError("redis_unavailable", f"the private Redis did not start on {socket_path}")
 
     def stop_all(self) -> None:
-        """Web first (no new work), then workers (let running jobs stop), then Redis."""
-        order = ["web", *WORKERS, "redis"]
+        """Web first (no new work), then the control worker, then the GPU worker (let running jobs stop),
+        then Redis. The control worker goes before the GPU worker it samples from: its OpenEnv runs and
+        evaluations then stop as interrupted (retryable) instead of failing on a sampler that stopped."""
+        order = ["web", *sorted(WORKERS, key=lambda name: name != "control-worker"), "redis"]
         for name in order:
             child = self.children.get(name)
             if child is None or child.poll() is not None:
