@@ -59,20 +59,30 @@ def _job_or_404(job_id: str):
     return job
 
 
+def _lifecycle(status: dict) -> dict:
+    """A training job's API lifecycle is queued → running → completed | failed: a cancelled one is
+    `failed` with its cancellation as the error (reference-spec §5; the guide's wait loop ends on
+    completed or failed). The generic job routes and the pages keep the job's own `cancelled`."""
+    if status["state"] != "cancelled":
+        return status
+    error = status.get("error") or {"code": "job_cancelled", "message": "cancelled on request"}
+    return {**status, "state": "failed", "error": error}
+
+
 @router.get("/train/status", summary="Status of every training job, newest first", response=list[TrainingStatus])
 def train_status(request):
-    return [selectors.training_status(job) for job in selectors.training_jobs()[:200]]
+    return [_lifecycle(selectors.training_status(job)) for job in selectors.training_jobs()[:200]]
 
 
 @router.get("/train/status/{job_id}", summary="Status of one training job", response=TrainingStatus)
 def train_status_one(request, job_id: str):
-    return selectors.training_status(_job_or_404(job_id))
+    return _lifecycle(selectors.training_status(_job_or_404(job_id)))
 
 
 @router.get("/train/jobs/{job_id}", summary="Training job detail: loss history, adapter, receipt, checkpoint",
             response=TrainingDetail)
 def train_job_detail(request, job_id: str):
-    return selectors.training_detail(_job_or_404(job_id))
+    return _lifecycle(selectors.training_detail(_job_or_404(job_id)))
 
 
 @router.delete("/train/jobs/{job_id}", summary="Delete a finished training job (its events are kept)",

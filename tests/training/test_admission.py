@@ -169,3 +169,18 @@ def test_a_failed_jobs_detail_shows_its_failure_receipt(api, settings):
     assert job_fail(job=job, code="cancelled", message="cancelled after 51 optimizer steps")
     detail = api.get(f"/v1/train/jobs/{job_id}").json()
     assert detail["state"] == "failed" and detail["train_receipt"] == receipt
+
+
+def test_a_cancelled_training_job_reads_failed_on_the_training_routes(api, django_capture_on_commit_callbacks):
+    # Reference-spec §5: queued → running → completed | failed, cancellation ends failed with an error.
+    # The guide's step-6 loop waits for completed or failed; a cancelled job used to loop it for ever.
+    job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "c1"}}).json()["job_id"]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api.delete(f"/v1/train/queue/{job_id}").json() == {"status": "cancelled", "job_id": job_id}
+    assert Job.objects.get(uuid=job_id).state == "cancelled"  # the generic job keeps its own state
+    for route in (f"/v1/train/jobs/{job_id}", f"/v1/train/status/{job_id}"):
+        body = api.get(route).json()
+        assert body["state"] == "failed" and body["error"]["code"] == "job_cancelled", (route, body)
+    [listed] = [s for s in api.get("/v1/train/status").json() if s["job_id"] == job_id]
+    assert listed["state"] == "failed"
+    assert api.get(f"/v1/jobs/{job_id}").json()["state"] == "cancelled"
