@@ -23,7 +23,7 @@ from training.schemas import (
     TrainingQueue,
     TrainingStatus,
 )
-from training.services import grpo_submit
+from training.services import grpo_submit, snapshot_discard
 
 router = Router(tags=["training"])
 
@@ -89,9 +89,9 @@ def train_job_detail(request, job_id: str):
                response=JobDeleted)
 def train_job_delete(request, job_id: str):
     require_permission(request, "submit_job")
-    job_services.job_delete(job=_job_or_404(job_id), user=request.user,
-                            not_finished_code="training_job_already_started")
-    return {"job_id": job_id, "status": "deleted", "removed_archive_file": False}
+    job = job_services.job_delete(job=_job_or_404(job_id), user=request.user,
+                                  not_finished_code="training_job_already_started")
+    return {"job_id": job_id, "status": "deleted", "removed_archive_file": snapshot_discard(job)}
 
 
 @router.get("/train/queue", summary="The training queue: running, queued in order, recently finished",

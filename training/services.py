@@ -142,6 +142,20 @@ def _check_recorded(corpus: AdmittedCorpus, base_adapter_name: str | None) -> No
     check_recorded_corpus(corpus.groups, model_identity=served_model_identity(), base_adapter=base)
 
 
+def snapshot_discard(job) -> bool:
+    """Remove the pinned corpus of a deleted training job that published nothing (failed, cancelled):
+    nothing reads it again. A completed job's snapshot stays: its adapter's lineage check
+    (`kiln adapters verify`, promotion evidence) re-hashes it. Whether a file was removed."""
+    if job.state == "completed":
+        return False
+    path = Path((job.payload or {}).get("snapshot_path") or "")
+    snapshots = settings.KILN.layout.training_snapshots
+    if not path.name or path.parent.resolve() != snapshots.resolve() or not path.is_file():
+        return False  # only ever a file Kiln pinned itself
+    path.unlink()
+    return True
+
+
 def _check_checkpoint(value: str, output_name: str) -> None:
     """Refuse at submission what the GPU worker would refuse at dequeue anyway: a checkpoint that is
     not in the adapter registry, or one of another adapter. (The worker still re-validates every file

@@ -2,6 +2,7 @@
 the one checker (stable codes), and deleting a finished job keeps its row and events."""
 
 import json
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -68,8 +69,12 @@ def test_deleting_a_finished_job_keeps_its_row_and_events(api):
     detail = api.get(f"/v1/train/jobs/{job_id}").json()
     assert detail["state"] == "failed"
     assert {"started_at", "epoch", "effective_config", "training_data", "train_receipt"} <= set(detail)
+    snapshot = Path(Job.objects.get(uuid=job_id).payload["snapshot_path"])
+    assert snapshot.is_file()
+    # the failed job published nothing: its pinned corpus goes with it (it kept one per submission)
     assert api.delete(f"/v1/train/jobs/{job_id}").json() == {
-        "job_id": job_id, "status": "deleted", "removed_archive_file": False}
+        "job_id": job_id, "status": "deleted", "removed_archive_file": True}
+    assert not snapshot.exists()
     assert api.get(f"/v1/train/jobs/{job_id}").json()["error"]["code"] == "training_job_not_found"
     assert job_id not in [s["job_id"] for s in api.get("/v1/train/status").json()]
     assert job_id not in [j["id"] for j in api.get("/v1/jobs").json()]
@@ -136,3 +141,12 @@ def test_auto_load_in_a_team_is_accepted_and_decided_by_the_promotion_rule(api):
     team = _post(api, {"groups": [GROUP], "config": {"output_name": "team-r001"}})
     assert team.status_code == 200, team.content
     assert Job.objects.filter(payload__adapter_name="team-r001", payload__config__auto_load=True).exists()
+
+
+def test_a_completed_jobs_snapshot_stays_when_the_job_is_deleted(api):
+    # its adapter's lineage check (kiln adapters verify, promotion evidence) re-hashes it
+    job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "typed-r003"}}).json()["job_id"]
+    Job.objects.filter(uuid=job_id).update(state=JobState.COMPLETED)
+    snapshot = Path(Job.objects.get(uuid=job_id).payload["snapshot_path"])
+    assert api.delete(f"/v1/train/jobs/{job_id}").json()["removed_archive_file"] is False
+    assert snapshot.is_file()
