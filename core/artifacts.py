@@ -281,6 +281,30 @@ def checkpoint_folder(registry: Path, value: str) -> Path | None:
     return path
 
 
+def describe_checkpoint(path: Path) -> dict[str, Any]:
+    """The job detail's `latest_checkpoint` object (reference-spec §1.1) from a checkpoint's manifest.
+    Reads the manifest only (the GPU worker's loader verifies every file). Raises OSError, ValueError
+    or KeyError for a manifest it cannot read."""
+    path = Path(path)
+    manifest = json.loads((path / CHECKPOINT_MANIFEST).read_text())
+    progress, data = manifest["progress"], manifest["data"]
+    return {
+        "resume_checkpoint": path.name,
+        "checkpoint_id": manifest["checkpoint_id"],
+        "training_kind": manifest["training_kind"],
+        "data_source_kind": data["source_kind"],
+        "global_step": progress["global_step"],
+        "total_steps": progress["total_steps"],
+        "next_epoch_index": progress["epoch_index"],
+        "next_cursor_in_epoch": progress["cursor_in_epoch"],
+        "complete": progress["global_step"] >= progress["total_steps"],
+        "created_at": manifest["created_at"],
+        "effective_config": manifest["effective_config"],
+        "data_content_sha256": data["content_sha256"],
+        "data_item_count": data["item_count"],
+    }
+
+
 class HomeLayout:
     """Every location under KILN_HOME, named once. Paths only: callers create what they write into."""
 

@@ -131,7 +131,7 @@ class TrainingDetail(TrainingStatus):
     reward_history: list[dict] = []
     kl_history: list[dict] = []
     train_receipt: dict | None = None
-    latest_checkpoint: str | None = None
+    latest_checkpoint: dict | None = None  # {resume_checkpoint, checkpoint_id, global_step, ...}
     effective_config: dict | None = None
     # {field: "request" | "server_defaults" | "default"} for effective_config, and the server's table.
     config_sources: dict | None = None

@@ -128,6 +128,21 @@ def _receipt(adapter_path: str | None, job: Job) -> dict | None:
     return None
 
 
+def _latest_checkpoint(job: Job) -> dict | None:
+    """The spec's latest_checkpoint object for the newest checkpoint the job published, from its
+    manifest (`resume_checkpoint` is the name to resume from); None when there is none, or when it
+    was pruned (checkpoint_keep_last) or cannot be read."""
+    from core.artifacts import describe_checkpoint
+
+    path = (job.result or {}).get("latest_checkpoint") or job.metrics.get("latest_checkpoint")
+    if not path:
+        return None
+    try:
+        return describe_checkpoint(Path(path))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _linked_eval_job_ids(job: Job) -> list[str]:
     evaluation = post_eval_job(job)
     if evaluation is None:
@@ -153,7 +168,7 @@ def training_detail(job: Job) -> dict:
         "reward_history": job.metrics.get("reward_history", []),
         "kl_history": job.metrics.get("kl_history", []),
         "train_receipt": _receipt(adapter_path, job),
-        "latest_checkpoint": job.result.get("latest_checkpoint") or job.metrics.get("latest_checkpoint"),
+        "latest_checkpoint": _latest_checkpoint(job),
         "effective_config": payload.config.to_dict(),  # built-in <- [training.defaults] <- the request
         "config_sources": payload.config_sources or None,
         "server_training_defaults": payload.server_training_defaults,

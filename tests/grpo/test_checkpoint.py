@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from core.artifacts import describe_checkpoint
 from gpu_runtime.grpo import checkpoint
 from gpu_runtime.grpo.errors import CheckpointError
 from tests.grpo.tiny_support import fixed_groups, run, train_request
@@ -72,7 +73,7 @@ def test_checkpoint_layout_and_manifest(tiny_model_dir, tmp_path, one_thread):
     assert manifest["progress"]["data_order"] == [0, 1] and manifest["data"]["item_count"] == 2
     assert set(manifest["rng_states"]) >= {"torch_cpu", "python"}
     assert len(state.loss_history) == 2 and state.adapter
-    summary = checkpoint.describe_checkpoint(path)
+    summary = describe_checkpoint(path)  # the job detail's latest_checkpoint object
     assert summary["resume_checkpoint"] == path.name and summary["complete"] is True
     assert summary["global_step"] == summary["total_steps"] == 2 and summary["next_cursor_in_epoch"] == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -158,7 +158,7 @@ def test_kill_9_of_the_gpu_worker_during_training(gpu_stack, point):
     assert_published_intact(api, stack.home, "queued-r001")
     if point == "checkpoint":
         # The guide's recovery: resume from the checkpoint the interrupted run left.
-        checkpoint = Path(_detail(api, victim)["latest_checkpoint"]).name
+        checkpoint = _detail(api, victim)["latest_checkpoint"]["resume_checkpoint"]
         resumed = _wait_terminal(api, _train(api, "victim-r001", 60, checkpoint_interval=3,
                                              resume_checkpoint=checkpoint))
         assert resumed["state"] == "completed", (resumed, stack.health()["workers"])

@@ -52,7 +52,9 @@ def test_api_training_publishes_an_adapter_with_a_receipt_and_serves_it(trainer_
     assert detail["adapter_path"].endswith("/adapters/math-r001")
     assert len(detail["loss_history"]) == 3  # one optimizer group per prompt group
     assert all(isinstance(point["loss"], float) for point in detail["loss_history"])
-    assert detail["latest_checkpoint"].endswith("math-r001-checkpoint-step-00000002.kiln-checkpoint")
+    latest = detail["latest_checkpoint"]
+    assert latest["resume_checkpoint"] == "math-r001-checkpoint-step-00000002.kiln-checkpoint"
+    assert latest["global_step"] == 2 and latest["training_kind"] and latest["data_content_sha256"].startswith("sha256:")
     receipt = api.get("/v1/adapters/math-r001/receipt").json()
     assert receipt["status"] == "success" and receipt["adapter_name"] == "math-r001"
     assert receipt["grpo"]["policy_audit"]["schema"] == "kiln.grpo-policy-audit.v1"
