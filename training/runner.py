@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -46,13 +47,17 @@ class ProgressRecorder:
     def __init__(self, ctx):
         self.ctx = ctx
         self.metrics: dict = {name: [] for name in HISTORY_KEYS.values()}
+        self.started = time.monotonic()
 
     def __call__(self, figures: dict) -> None:
         step = figures.get("step")
         for key, history in HISTORY_KEYS.items():
             if key in figures:
-                self.metrics[history] = downsampled(
-                    self.metrics[history] + [{"step": step, key: _finite(figures[key])}])
+                point = {"step": step, key: _finite(figures[key])}
+                if key == "loss":  # the job detail's loss_history[] shape: {epoch, progress, loss, elapsed_secs}
+                    point.update(epoch=figures.get("epoch", 0), progress=_finite(figures.get("progress")),
+                                 elapsed_secs=round(time.monotonic() - self.started, 3))
+                self.metrics[history] = downsampled(self.metrics[history] + [point])
         scalars = {k: _finite(v) for k, v in figures.items() if isinstance(v, int | float | str | type(None))}
         self.metrics.update(scalars)
         message = f"step {step}/{figures.get('total_steps')}"

@@ -52,6 +52,11 @@ def test_api_training_publishes_an_adapter_with_a_receipt_and_serves_it(trainer_
     assert detail["adapter_path"].endswith("/adapters/math-r001")
     assert len(detail["loss_history"]) == 3  # one optimizer group per prompt group
     assert all(isinstance(point["loss"], float) for point in detail["loss_history"])
+    # reference-spec §1.1: each point is {epoch, progress, loss, elapsed_secs} (plus its step)
+    assert [point["progress"] for point in detail["loss_history"]] == [1 / 3, 2 / 3, 1.0]
+    assert all(point["epoch"] == 0 and point["elapsed_secs"] >= 0 for point in detail["loss_history"])
+    elapsed = [point["elapsed_secs"] for point in detail["loss_history"]]
+    assert elapsed == sorted(elapsed)
     latest = detail["latest_checkpoint"]
     assert latest["resume_checkpoint"] == "math-r001-checkpoint-step-00000002.kiln-checkpoint"
     assert latest["global_step"] == 2 and latest["training_kind"] and latest["data_content_sha256"].startswith("sha256:")
