@@ -21,6 +21,11 @@ def add_parser(subparsers, common) -> None:
     grpo.add_argument("--checkpoint-interval", type=int)
     grpo.add_argument("--resume-checkpoint")
     grpo.add_argument("--no-shared-prefix-reference", action="store_true")
+    grpo.add_argument("--adapter-smoke-test", action="store_true",
+                      help="after training, generate from the new adapter and fail on non-finite output")
+    grpo.add_argument("--adapter-smoke-prompts-file", type=Path,
+                      help="the smoke test's prompts: a JSON list of strings, or one prompt per line")
+    grpo.add_argument("--detect-anomaly", action="store_true", help="torch anomaly detection (slow; for debugging)")
     grpo.add_argument("--follow", action="store_true", help="wait for a terminal state with a progress bar")
     status = sub.add_parser("status", parents=[common], help="training jobs, or one job")
     status.add_argument("--job-id")
@@ -89,7 +94,30 @@ def _with_config(body: dict, args) -> dict:
     config.update({k: v for k, v in overrides.items() if v is not None})
     if args.no_shared_prefix_reference:
         config["shared_prefix_reference"] = False
+    if getattr(args, "adapter_smoke_prompts_file", None) is not None:
+        if not args.adapter_smoke_test:
+            raise CliError("invalid_arguments", "--adapter-smoke-prompts-file needs --adapter-smoke-test")
+        config["adapter_smoke_prompts"] = _smoke_prompts(args.adapter_smoke_prompts_file)
+    if getattr(args, "adapter_smoke_test", False):
+        config["adapter_smoke_test"] = True
+    if getattr(args, "detect_anomaly", False):
+        config["detect_anomaly"] = True
     return {**body, "config": config}
+
+
+def _smoke_prompts(path: Path) -> list[str]:
+    """A JSON list of strings, or one prompt per non-blank line."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CliError("file_unreadable", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = [line.strip() for line in text.splitlines() if line.strip()]
+    if not isinstance(value, list) or not value or not all(isinstance(p, str) and p.strip() for p in value):
+        raise CliError("invalid_arguments", f"{path}: give a JSON list of prompts, or one prompt per line")
+    return value
 
 
 def _training_label(status: dict) -> str:

@@ -48,3 +48,32 @@ def test_only_jsonl_goes_by_dataset_path(tmp_path, text, streamed):
     else:
         assert all(group == GROUP for group in body["groups"])
     assert body["config"]["output_name"] == "inl-3"
+
+
+def test_the_smoke_test_and_anomaly_flags_reach_the_config(tmp_path):
+    from kiln_project.cli.client import CliError
+    from kiln_project.cli.main import build_parser
+
+    groups = tmp_path / "groups.jsonl"
+    groups.write_text(json.dumps(GROUP) + "\n")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is 2 + 3?\n\nName a colour.\n")
+    args = build_parser().parse_args(["train", "grpo", "--file", str(groups), "--adapter", "smoke-r001",
+                                      "--adapter-smoke-test", "--adapter-smoke-prompts-file", str(prompts),
+                                      "--detect-anomaly"])
+    client = Client()
+    _submit_grpo(client, args)
+    config = client.posts[0]["config"]
+    assert config["adapter_smoke_test"] is True and config["detect_anomaly"] is True
+    assert config["adapter_smoke_prompts"] == ["What is 2 + 3?", "Name a colour."]
+    prompts.write_text(json.dumps(["one", "two"]))
+    _submit_grpo(client, args)
+    assert client.posts[1]["config"]["adapter_smoke_prompts"] == ["one", "two"]
+    plain = build_parser().parse_args(["train", "grpo", "--file", str(groups)])
+    _submit_grpo(client, plain)
+    assert not {"adapter_smoke_test", "adapter_smoke_prompts", "detect_anomaly"} & set(client.posts[2]["config"])
+    lonely = build_parser().parse_args(["train", "grpo", "--file", str(groups), "--adapter-smoke-prompts-file",
+                                        str(prompts)])
+    with pytest.raises(CliError) as caught:
+        _submit_grpo(client, lonely)
+    assert caught.value.code == "invalid_arguments"
