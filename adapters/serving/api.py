@@ -16,7 +16,7 @@ from ninja import Router
 from adapters.serving import selectors
 from adapters.serving.limits import check_caps, error_from_event
 from adapters.serving.schemas import ChatCompletionRequest
-from adapters.serving.transport import FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT, read_events
+from adapters.serving.transport import FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT, WorkerLost, read_events
 from core.errors import KilnError
 from core.profiles import require_profile_allows
 
@@ -41,7 +41,8 @@ async def _start(body: ChatCompletionRequest) -> str:
 @router.post("/chat/completions", summary="OpenAI-compatible chat completion (optionally streamed)")
 async def chat_completions(request, body: ChatCompletionRequest):
     request_id = await _start(body)
-    events = read_events(request_id, first_event_timeout=FIRST_EVENT_TIMEOUT, idle_timeout=IDLE_TIMEOUT)
+    events = read_events(request_id, first_event_timeout=FIRST_EVENT_TIMEOUT, idle_timeout=IDLE_TIMEOUT,
+                         worker_dead=sync_to_async(selectors.worker_dead))
     if body.stream:
         return StreamingHttpResponse(_sse(events), content_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -54,7 +55,14 @@ async def chat_completions(request, body: ChatCompletionRequest):
     except TimeoutError as exc:
         raise KilnError("inference_timeout", str(exc), status=504,
                         hint="the GPU worker may be busy or stopped; see /health") from None
+    except WorkerLost as exc:
+        raise _worker_lost(exc) from None
     raise KilnError("inference_failed", "the worker ended without an answer", status=500)
+
+
+def _worker_lost(exc: WorkerLost) -> KilnError:
+    return KilnError("inference_worker_lost", f"the GPU worker stopped while answering ({exc})", status=503,
+                     hint="kiln serve restarts it; send the request again")
 
 
 async def _sse(events):
@@ -71,6 +79,8 @@ async def _sse(events):
     except TimeoutError as exc:
         envelope = KilnError("inference_timeout", str(exc), status=504).envelope()
         yield f"data: {json.dumps(envelope)}\n\n"
+    except WorkerLost as exc:
+        yield f"data: {json.dumps(_worker_lost(exc).envelope())}\n\n"
     yield "data: [DONE]\n\n"
 
 

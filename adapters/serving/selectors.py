@@ -28,6 +28,14 @@ def require_inference_ready() -> None:
                         hint="retry in a few seconds; /health shows progress")
 
 
+def worker_dead(worker_id: str) -> bool:
+    """Whether the worker that claimed an inference request has died (its heartbeat, and /proc here)."""
+    from core.jobs.liveness import worker_is_dead
+    from core.jobs.models import WorkerHeartbeat
+
+    return worker_is_dead(WorkerHeartbeat.objects.filter(worker_id=worker_id).first())
+
+
 def served_models() -> list[dict]:
     created = 0
     models = []

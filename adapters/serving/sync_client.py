@@ -21,9 +21,10 @@ import uuid
 
 from pydantic import ValidationError
 
+from adapters.serving import transport
 from adapters.serving.limits import check_caps, error_from_event
 from adapters.serving.schemas import ChatCompletionRequest
-from adapters.serving.transport import FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT, claim_key, events_key
+from adapters.serving.transport import FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT, WorkerLost, claim_key, events_key
 from core.errors import KilnError
 from core.redis_clients import blocking_client_options
 
@@ -97,24 +98,18 @@ def chat_completion_sync(body: dict, timeout: float = 900.0) -> dict:
     raise AssertionError("unreachable")
 
 
-class WorkerLost(Exception):
-    """The worker that took the request is dead and never answered."""
-
-
 RESEND_ATTEMPTS = 1
-LIVENESS_POLL_SECONDS = 5.0  # how often a waiting reader checks that the request's worker lives
 
 
 def _claimed_by_dead_worker(client, request_id: str) -> str | None:
     """The id of the dead worker that took this request, or None (not taken yet, or its worker lives)."""
-    from core.jobs.liveness import worker_is_dead
-    from core.jobs.models import WorkerHeartbeat
+    from adapters.serving.selectors import worker_dead
 
     worker_id = client.get(claim_key(request_id))
     if worker_id is None:
         return None
     worker_id = worker_id.decode() if isinstance(worker_id, bytes) else str(worker_id)
-    return worker_id if worker_is_dead(WorkerHeartbeat.objects.filter(worker_id=worker_id).first()) else None
+    return worker_id if worker_dead(worker_id) else None
 
 
 def _wait_for_a_worker(deadline: float) -> None:
@@ -126,7 +121,7 @@ def _wait_for_a_worker(deadline: float) -> None:
             require_inference_ready()
             return
         except KilnError:
-            if time.monotonic() + LIVENESS_POLL_SECONDS > deadline:
+            if time.monotonic() + transport.LIVENESS_POLL_SECONDS > deadline:
                 raise
         time.sleep(1.0)
 
@@ -143,7 +138,7 @@ def _send_and_wait(payload: dict, deadline: float) -> dict:
         quiet_since = time.monotonic()
         while True:
             remaining = deadline - time.monotonic()
-            step = min(wait - (time.monotonic() - quiet_since), remaining, LIVENESS_POLL_SECONDS)
+            step = min(wait - (time.monotonic() - quiet_since), remaining, transport.LIVENESS_POLL_SECONDS)
             if remaining <= 0:
                 raise KilnError("inference_timeout", "no complete answer from the GPU worker within the call's "
                                 "timeout", status=504, hint="the GPU worker may be busy or stopped; see /health")

@@ -11,6 +11,7 @@ one that is only waiting behind other work.
 from __future__ import annotations
 
 import json
+import math
 
 from core.redis_clients import blocking_client_options
 
@@ -55,23 +56,43 @@ class WorkerEmitter:
         pipe.execute()
 
 
-async def read_events(request_id: str, *, first_event_timeout: float, idle_timeout: float):
-    """Web side: yield events until `done` or `error`; raise TimeoutError if the worker goes quiet."""
+class WorkerLost(Exception):
+    """The worker that took the request is dead and never answered (kill -9, out of memory)."""
+
+
+LIVENESS_POLL_SECONDS = 5.0  # how often a waiting reader checks that the request's worker lives
+
+
+async def read_events(request_id: str, *, first_event_timeout: float, idle_timeout: float, worker_dead=None):
+    """Web side: yield events until `done` or `error`; raise TimeoutError if the worker goes quiet,
+    and WorkerLost as soon as `await worker_dead(worker_id)` says the worker that claimed the request
+    died (checked every LIVENESS_POLL_SECONDS while no event comes)."""
+    import time
+
     import redis.asyncio as aioredis
 
     client = aioredis.Redis.from_url(_redis_url(), **blocking_client_options(max(first_event_timeout, idle_timeout)))
     key = events_key(request_id)
-    timeout = first_event_timeout
+    timeout, quiet_since = first_event_timeout, time.monotonic()
     try:
         while True:
-            item = await client.blpop([key], timeout=timeout)
-            if item is None:
+            left = timeout - (time.monotonic() - quiet_since)
+            if left <= 0:
                 raise TimeoutError(f"no answer from the GPU worker within {timeout:.0f}s")
+            step = min(left, LIVENESS_POLL_SECONDS) if worker_dead is not None else left
+            item = await client.blpop([key], timeout=max(1, math.ceil(step)))
+            if item is None:
+                claimant = await client.get(claim_key(request_id))
+                if claimant is not None and worker_dead is not None:
+                    claimant = claimant.decode() if isinstance(claimant, bytes) else str(claimant)
+                    if await worker_dead(claimant):
+                        raise WorkerLost(f"worker {claimant}")
+                continue
             event = json.loads(item[1])
             yield event
             if event["type"] in ("done", "error"):
                 return
-            timeout = idle_timeout
+            timeout, quiet_since = idle_timeout, time.monotonic()
     finally:
-        await client.delete(key)
+        await client.delete(key, claim_key(request_id))
         await client.aclose()

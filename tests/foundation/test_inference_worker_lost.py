@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 from django.utils import timezone
 
-from adapters.serving import sync_client, tasks
+from adapters.serving import sync_client, tasks, transport
 from adapters.serving.transport import WorkerEmitter, claim_key, events_key
 from core.errors import KilnError
 from core.jobs.models import WorkerHeartbeat
@@ -42,7 +42,7 @@ def workers(settings, redis_url, monkeypatch):  # noqa: F811
     """`answers` lists, per send, the worker that claims it and whether it answers."""
     settings.KILN = replace(settings.KILN, redis_url=redis_url)
     monkeypatch.setattr(sync_client, "_clients", {})
-    monkeypatch.setattr(sync_client, "LIVENESS_POLL_SECONDS", 1.0)
+    monkeypatch.setattr(transport, "LIVENESS_POLL_SECONDS", 1.0)
     _worker("gpu-b", alive=True)
     sent = []
 
@@ -105,3 +105,36 @@ def test_a_live_worker_that_is_slow_to_answer_is_waited_for(workers, redis_url, 
     assert sync_client.chat_completion_sync(dict(BODY), timeout=120)["id"] == "chatcmpl-1"
     thread.join()
     assert len(workers.sent) == 1
+
+
+def test_the_http_routes_reader_stops_at_a_dead_claimant_not_at_the_timeout(settings, redis_url, monkeypatch):  # noqa: F811
+    # POST /v1/chat/completions reads events with transport.read_events: a request whose worker died
+    # answers 503 inference_worker_lost within a poll or two (it used to wait 300 s for a 504).
+    import asyncio
+
+    from adapters.serving.transport import WorkerLost, read_events
+
+    settings.KILN = replace(settings.KILN, redis_url=redis_url)
+    monkeypatch.setattr(transport, "LIVENESS_POLL_SECONDS", 1.0)
+    WorkerEmitter("r-lost").claim("gpu-a")
+    checked = []
+
+    async def worker_dead(worker_id):
+        checked.append(worker_id)
+        return len(checked) >= 2  # alive at the first check, dead at the second
+
+    async def first_event():
+        async for event in read_events("r-lost", first_event_timeout=300, idle_timeout=120, worker_dead=worker_dead):
+            return event
+
+    started = time.monotonic()
+    with pytest.raises(WorkerLost, match="gpu-a"):
+        asyncio.run(first_event())
+    assert checked == ["gpu-a", "gpu-a"] and time.monotonic() - started < 10
+
+
+def test_the_route_answers_a_lost_worker_with_503(monkeypatch):
+    from adapters.serving import api
+
+    error = api._worker_lost(transport.WorkerLost("worker gpu-a"))
+    assert (error.code, error.status) == ("inference_worker_lost", 503) and "gpu-a" in error.message
