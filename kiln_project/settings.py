@@ -149,7 +149,14 @@ CHANNEL_LAYERS = {
 
 DRAMATIQ_BROKER = {
     "BROKER": "dramatiq.brokers.redis.RedisBroker",
-    "OPTIONS": {"url": KILN.effective_redis_url, "namespace": "kiln-dramatiq"},
+    # A worker killed mid-flight (kill -9, out of memory) leaves the messages it had prefetched but not
+    # started unacknowledged; Redis maintenance requeues a dead worker's messages. Dramatiq's defaults
+    # (60 s without a heartbeat, maintenance on 0.1 % of commands) left them stranded for many
+    # minutes on a quiet server; these get them to the restarted worker within about half a minute.
+    # A duplicate delivery is harmless: jobs are claimed in the database, and a request's reader
+    # takes its first answer.
+    "OPTIONS": {"url": KILN.effective_redis_url, "namespace": "kiln-dramatiq",
+                "heartbeat_timeout": 30_000, "maintenance_chance": 100_000},
     "MIDDLEWARE": [
         "dramatiq.middleware.AgeLimit",
         "dramatiq.middleware.TimeLimit",
