@@ -38,12 +38,16 @@ def add_parser(subparsers, common) -> None:
 REQUEST_SOURCES = ("groups", "agentic_groups", "dataset_path", "dataset")  # keys that make an object a request
 
 
-def load_request(path: Path) -> dict:
-    """A JSON object with groups/config is a request; a JSON list or JSONL lines are groups."""
+def _read(path: Path) -> str:
     try:
-        text = path.read_text()
+        return path.read_text()
     except OSError as exc:
         raise CliError("file_unreadable", f"cannot read {path}: {exc.strerror}") from None
+
+
+def load_request(path: Path) -> dict:
+    """A JSON object with groups/config is a request; a JSON list or JSONL lines are groups."""
+    text = _read(path)
     try:
         whole = json.loads(text)
     except json.JSONDecodeError:
@@ -107,10 +111,7 @@ def _with_config(body: dict, args) -> dict:
 
 def _smoke_prompts(path: Path) -> list[str]:
     """A JSON list of strings, or one prompt per non-blank line."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise CliError("file_unreadable", f"cannot read {path}: {exc.strerror}") from None
+    text = _read(path)
     try:
         value = json.loads(text)
     except ValueError:

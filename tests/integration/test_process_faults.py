@@ -50,14 +50,27 @@ def _workers(url, queue, token):
     return [w for w in (body.get("workers") or {}).get("workers", []) if queue in w.get("queues", [])]
 
 
+def _stop(serve) -> None:
+    serve.send_signal(signal.SIGTERM)
+    try:
+        serve.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        serve.kill()
+
+
+def _both_workers(url, token) -> dict:
+    """The full /health report once kiln serve reports its GPU and control workers."""
+    return wait_until(lambda: (b := _health(url, token)) and {"gpu", "control"} <= set(b["workers"]["queues_served"])
+                      and b, 90, what="kiln serve to report both workers")
+
+
 def test_kill_9_of_serve_leaves_no_children_and_a_second_serve_refuses(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve, env = _serve(tmp_path, port)
     try:
         token = _observer(url, env)
-        body = wait_until(lambda: (b := _health(url, token)) and {"gpu", "control"} <= set(b["workers"]["queues_served"])
-                          and b, 90, what="kiln serve to report both workers")
+        body = _both_workers(url, token)
         pids = [int(w["id"].split(":")[1]) for w in body["workers"]["workers"]]
         pids += [_ppid(pid) for pid in pids]  # dramatiq's supervisors too
         redis = subprocess.run(["pgrep", "-f", f"redis-server.*{tmp_path}"], capture_output=True, text=True)
@@ -115,11 +128,7 @@ def test_kill_9_of_the_gpu_workers_supervisor_stops_the_worker_before_a_new_one_
         assert [h["pid"] for h in acquired][-2:] == [old_pid, new_pid]
         assert acquired[-1]["since"] > last_alive - 0.2, "the new worker held the device while the old one lived"
     finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        _stop(serve)
 
 
 def test_kill_9_of_the_web_process_restarts_it_and_keeps_the_workers(tmp_path):
@@ -130,8 +139,7 @@ def test_kill_9_of_the_web_process_restarts_it_and_keeps_the_workers(tmp_path):
     serve, env = _serve(tmp_path, port)
     try:
         token = _observer(url, env)
-        body = wait_until(lambda: (b := _health(url, token)) and {"gpu", "control"} <= set(b["workers"]["queues_served"])
-                          and b, 90, what="kiln serve to report both workers")
+        body = _both_workers(url, token)
         workers = sorted(w["id"] for w in body["workers"]["workers"])
         web = subprocess.run(["pgrep", "-P", str(serve.pid), "-f", "daphne"], capture_output=True, text=True)
         [web_pid] = [int(p) for p in web.stdout.split()]
@@ -143,8 +151,4 @@ def test_kill_9_of_the_web_process_restarts_it_and_keeps_the_workers(tmp_path):
         log = (tmp_path / "serve.log").read_text()
         assert "web exited with -9; restarting it" in log and "shutting down" not in log
     finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        _stop(serve)
