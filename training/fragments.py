@@ -48,7 +48,7 @@ def _detail(job) -> tuple[dict, str]:
     Receipt writes are not atomic (spec §2.9): a page that catches one half-written must still render.
     """
     try:
-        return selectors.training_detail(job), ""
+        return selectors.training_detail(job, strict_receipt=True), ""
     except (ValueError, OSError) as exc:
         metrics = job.metrics or {}
         detail = {**selectors.training_status(job), "adapter_path": job.result.get("adapter_path"),

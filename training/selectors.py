@@ -110,9 +110,12 @@ def training_status(job: Job) -> dict:
     }
 
 
-def _receipt(adapter_path: str | None, job: Job) -> dict | None:
+def _receipt(adapter_path: str | None, job: Job, *, strict: bool) -> dict | None:
     """The job's train receipt: the published adapter's, or the failure receipt a job that failed
-    or was cancelled after admission left under training/receipts/."""
+    or was cancelled after admission left under training/receipts/.
+
+    Receipt writes are not atomic (spec §2.9): one caught half-written reads as None, or raises
+    its OSError/ValueError when `strict` (the job page says so instead of showing nothing)."""
     from django.conf import settings
 
     candidates = [(job.result or {}).get("receipt_path")] + ([str(Path(adapter_path) / "train_receipt.json")]
@@ -124,6 +127,8 @@ def _receipt(adapter_path: str | None, job: Job) -> dict | None:
             try:
                 return json.loads(Path(candidate).read_text())
             except (OSError, ValueError):
+                if strict:
+                    raise
                 return None
     return None
 
@@ -151,7 +156,7 @@ def _linked_eval_job_ids(job: Job) -> list[str]:
     return linked if linked else [str(evaluation.metrics["eval_job_id"])] if evaluation.metrics.get("eval_job_id") else []
 
 
-def training_detail(job: Job) -> dict:
+def training_detail(job: Job, *, strict_receipt: bool = False) -> dict:
     payload = GrpoJobPayload.of(job)
     adapter = Adapter.objects.filter(training_job=job).first()
     adapter_path = adapter.path if adapter and adapter.path else job.result.get("adapter_path")
@@ -167,7 +172,7 @@ def training_detail(job: Job) -> dict:
         "loss_history": job.metrics.get("loss_history", []),
         "reward_history": job.metrics.get("reward_history", []),
         "kl_history": job.metrics.get("kl_history", []),
-        "train_receipt": _receipt(adapter_path, job),
+        "train_receipt": _receipt(adapter_path, job, strict=strict_receipt),
         "latest_checkpoint": _latest_checkpoint(job),
         "effective_config": payload.config.to_dict(),  # built-in <- [training.defaults] <- the request
         "config_sources": payload.config_sources or None,
