@@ -18,7 +18,9 @@ Thin clients of /v1/openenv/runs (the server collects; these commands only talk 
   then the environment evaluation's side and groups, then the selection warnings, the published
   adapter and the gate's verdict; `--eval-groups/--eval-group-size/--eval-seed-start` add a
   held-out environment evaluation and `--gate` (or a `--gate-min-*` threshold) lets its paired
-  sign test own promotion.
+  sign test own promotion; once the run published its collection, the episodes, replay and summary
+  are downloaded (checked by SHA-256) to `--output`, `--replay-output` and `--summary-output`,
+  rollout's flags and defaults, so `kiln openenv verify` can audit them offline.
 All take `--json`. Errors print one line with the server's stable code and exit non-zero.
 """
 
@@ -41,6 +43,10 @@ TERMINAL = frozenset({"rollout_ready", "completed", "failed", "cancelled"})
 POLL_SECONDS = 0.5
 TRANSFER_TIMEOUT = 600.0
 DOWNLOAD_SCHEMA = "kiln.openenv-artifact-download.v1"
+# artifact kind -> (the `train` flag that names its local copy, its default): rollout's names (spec §1.7)
+COLLECTION_OUTPUTS = {"dataset": ("--output", "openenv.rollouts.jsonl"),
+                      "replay": ("--replay-output", "openenv.replay.json"),
+                      "summary": ("--summary-output", "openenv.rollout-summary.json")}
 
 
 def _train_parser(sub, common) -> None:
@@ -76,6 +82,10 @@ def _train_parser(sub, common) -> None:
     p.add_argument("--auto-load", type=parse_bool, default=True, metavar="BOOL", help="default true")
     p.add_argument("--idempotency-key", help="a non-secret retry key (default: a fresh one per invocation)")
     p.add_argument("--no-follow", action="store_true", help="submit and print the run, without waiting")
+    copies = p.add_argument_group("the collected episodes, downloaded once published (as `kiln openenv rollout` "
+                                  "writes them; not with --no-follow)")
+    for flag, default in COLLECTION_OUTPUTS.values():
+        copies.add_argument(flag, type=Path, default=Path(default), metavar="F", help=f"default {default}")
 
 
 def train_request(args) -> dict:
@@ -144,7 +154,35 @@ def _environment_eval(args) -> dict | None:
     return evaluation
 
 
+def _collection_outputs(args) -> dict[str, Path]:
+    """artifact kind -> the local path of its copy; checked before the run is submitted, so a FIFO or
+    device (or one path given twice) fails before any episode is spent."""
+    outputs = {kind: getattr(args, flag[2:].replace("-", "_")) for kind, (flag, _) in COLLECTION_OUTPUTS.items()}
+    if len({path.resolve() for path in outputs.values()}) != len(outputs):
+        raise CliError("openenv_invalid_request", "--output, --replay-output and --summary-output must be "
+                       "three different files")
+    for path in outputs.values():
+        check_output_path(path)
+    return outputs
+
+
+def _download_collection(client: KilnClient, final: dict, outputs: dict[str, Path]) -> list[str]:
+    """Copy the run's published dataset, replay and summary to the train command's output paths (each
+    checked against its SHA-256 and published atomically); nothing when the run published none
+    (it failed or was cancelled before its collection was published). Returns the lines to print."""
+    published = {artifact["kind"] for artifact in final.get("artifacts") or []}
+    if not set(outputs) <= published:
+        return []
+    written = {kind: download_artifact(client, final["run_id"], kind, path)[1] for kind, path in outputs.items()}
+    lines = [f"{label:<9} {outputs[kind]} ({written[kind]})"
+             for kind, label in (("dataset", "episodes"), ("replay", "replay"), ("summary", "summary"))]
+    lines.append(f"verify    kiln openenv verify --summary {outputs['summary']} --dataset {outputs['dataset']} "
+                 f"--replay {outputs['replay']}")
+    return lines
+
+
 def _train(client: KilnClient, args) -> int:
+    outputs = None if args.no_follow else _collection_outputs(args)
     status = client.post("/v1/openenv/runs", json=train_request(args))
     if args.no_follow:
         return _show(status, args)
@@ -158,8 +196,11 @@ def _train(client: KilnClient, args) -> int:
               f"auto_load {str(config.get('auto_load')).lower()}, policy {policy.get('served_model_id')}"
               + (f"+{policy['adapter']['name']}" if policy.get("adapter") else ""))
     code = _follow(client, status, args)
+    final = client.get(_path(status["run_id"]))
+    copies = _download_collection(client, final, outputs)
     if not args.json:
-        final = client.get(_path(status["run_id"]))
+        for line in copies:
+            print(line)
         for warning in final.get("warnings") or []:
             print(f"warning   {warning}")
         training = final.get("training") or {}
@@ -367,14 +408,14 @@ def _runs(client: KilnClient, args) -> int:
     return 0
 
 
-def _artifact(client: KilnClient, args) -> int:
+def download_artifact(client: KilnClient, run_id: str, kind: str, output: Path) -> tuple[str, str, int]:
+    """Stream one of a run's artifacts to `output`, check its bytes and SHA-256 against the server's
+    Content-Length and ETag, then publish it atomically (a failed or short transfer leaves `output`
+    as it was). Returns (the source route, the sha256, the bytes)."""
     import httpx
 
-    output = args.output
-    if (output.exists() or output.is_symlink()) and not args.force:
-        raise CliError("openenv_artifact_output_exists", f"{output} exists", "pass --force to replace it")
     check_output_path(output)
-    source = f"{_path(args.run_id)}/artifacts/{args.kind}"
+    source = f"{_path(run_id)}/artifacts/{kind}"
     partial = output.with_name(f".{output.name}.part")
     digest, size = hashlib.sha256(), 0
     try:
@@ -401,6 +442,14 @@ def _artifact(client: KilnClient, args) -> int:
                        "is `kiln serve` running? pass --url or set KILN_URL") from None
     finally:
         partial.unlink(missing_ok=True)
+    return source, actual, size
+
+
+def _artifact(client: KilnClient, args) -> int:
+    output = args.output
+    if (output.exists() or output.is_symlink()) and not args.force:
+        raise CliError("openenv_artifact_output_exists", f"{output} exists", "pass --force to replace it")
+    source, actual, size = download_artifact(client, args.run_id, args.kind, output)
     report = {"schema": DOWNLOAD_SCHEMA, "run_id": args.run_id, "kind": args.kind, "source_url": source,
               "output_path": str(output.resolve()), "sha256": actual, "bytes": size}
     if args.json:

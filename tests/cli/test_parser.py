@@ -12,16 +12,18 @@ from kiln_project.cli.main import build_parser
 
 
 def test_an_abbreviated_option_is_refused_not_taken_for_a_longer_one(capsys):
-    # `--output` is rollout's; on train it used to become `--output-adapter` and name the adapter.
+    # `--output-ad` used to be taken for `--output-adapter` and name the adapter.
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["openenv", "train", "--environment", "http://127.0.0.1:1",
-                                   "--output-adapter", "real-name", "--output", "abbrev-name"])
+                                   "--output-adapter", "real-name", "--output-ad", "abbrev-name"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == ("error: kiln: unrecognized arguments: --output "
+    assert capsys.readouterr().err == ("error: kiln: unrecognized arguments: --output-ad "
                                        "(see kiln --help)\n")
+    # `--output` is its own flag (the collected episodes' copy, as on rollout), never the adapter's name
     args = build_parser().parse_args(["openenv", "train", "--environment", "http://127.0.0.1:1",
-                                      "--output-adapter", "real-name"])
-    assert args.output_adapter == "real-name"
+                                      "--output-adapter", "real-name", "--output", "mine.jsonl"])
+    assert args.output_adapter == "real-name" and str(args.output) == "mine.jsonl"
+    assert str(args.summary_output) == "openenv.rollout-summary.json"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["jobs", "list", "--js"])  # a prefix of --json
 

@@ -82,6 +82,8 @@ def _train(stack, token, server, work: Path, *, name: str, config: dict) -> tupl
         "--concurrency", "16", "--thinking", "false", "--lora-rank", "8", "--training-config", str(config_file),
         "--reset-options", str(reset_file), "--eval-groups", str(EVAL_GROUPS),
         "--eval-group-size", str(EVAL_GROUP_SIZE), "--gate-min-mean-improvement", "0.1", "--url", stack.url,
+        "--output", str(work / f"{name}.rollouts.jsonl"), "--replay-output", str(work / f"{name}.replay.json"),
+        "--summary-output", str(work / f"{name}.summary.json"),
         env={"KILN_API_TOKEN": token}, timeout=1200, check=False)
     return done.returncode, done.stdout + done.stderr
 
@@ -108,6 +110,10 @@ def test_kiln_openenv_train_raises_held_out_return_and_the_gate_holds_back_a_wor
     assert evidence["decision"] == "passed" and evaluation["outcome"] == "promoted", evaluation["verdict"]
     assert evidence["mean_return_improvement"] >= 0.3
     assert "env eval passed" in output and "promoted" in output
+    # the copies `train` downloaded verify offline, as a `kiln openenv rollout`'s files do
+    copies = [str(tmp_path / f"counter-agent.{suffix}") for suffix in ("summary.json", "rollouts.jsonl", "replay.json")]
+    verified = stack.kiln("openenv", "verify", "--summary", copies[0], "--dataset", copies[1], "--replay", copies[2])
+    assert f"verified {GROUPS} groups, {GROUPS * GROUP_SIZE} rollouts" in verified.stdout
     # "promoted" queues the activation: its serving canary runs on the GPU worker, then the adapter serves.
     wait_until(lambda: api.get("/v1/adapters/counter-agent").json()["loaded"], 120, interval=0.5,
                what="the promoted adapter to pass its canary and serve")

@@ -36,7 +36,8 @@ def test_openenv_train_collects_trains_and_follows(cli, home, counter, served, p
     code = cli.run("train", "--environment", counter.url, "--groups", "1", "--group-size", "3", "--seed-start",
                    "100", "--max-steps", "2", "--concurrency", "3", "--capacity-wait-seconds", "5",
                    "--reset-options", str(reset), "--output-adapter", "counter-agent", "--lora-rank", "2",
-                   "--auto-load", "false")
+                   "--auto-load", "false", "--output", str(tmp_path / "c.jsonl"),
+                   "--replay-output", str(tmp_path / "c.replay.json"), "--summary-output", str(tmp_path / "c.summary.json"))
     captured = capsys.readouterr()
     out = captured.out.splitlines()
     assert code == 0, (out, captured.err)
@@ -53,6 +54,19 @@ def test_openenv_train_collects_trains_and_follows(cli, home, counter, served, p
     assert any(line.startswith("adapter   counter-agent (training job") for line in out)
     assert run.state == "completed" and Job.objects.get(id=run.training_job_id).state == "completed"
 
+    # the collected episodes were copied as `kiln openenv rollout` writes them, and verify offline
+    from openenv.verify import verify
+
+    assert f"episodes  {tmp_path / 'c.jsonl'} (sha256:" in captured.out
+    assert (f"verify    kiln openenv verify --summary {tmp_path / 'c.summary.json'} --dataset {tmp_path / 'c.jsonl'} "
+            f"--replay {tmp_path / 'c.replay.json'}") in out
+    report = verify(tmp_path / "c.summary.json", dataset_path=tmp_path / "c.jsonl",
+                    replay_path=tmp_path / "c.replay.json").report
+    assert report["groups"] == 1 and report["rollouts"] == 3
+    published = {a["kind"]: a["sha256"] for a in run.artifacts}
+    assert report["dataset_sha256"] == published["dataset"]
+    assert not list(tmp_path.glob(".*.part"))  # no partial download left behind
+
     # --json prints the final status; a flag the spec rejects fails with the server's code.
     assert cli.run("status", str(run.id), "--json") == 0
     status = json.loads(capsys.readouterr().out)
@@ -60,6 +74,17 @@ def test_openenv_train_collects_trains_and_follows(cli, home, counter, served, p
     assert [a["kind"] for a in status["artifacts"]][-2:] == ["train_receipt", "adapter_manifest"]
     assert cli.run("train", "--environment", counter.url, "--output-adapter", "counter-agent", "--json") == 1
     assert "adapter_revision_conflict" in capsys.readouterr().err
+
+
+def test_train_refuses_unusable_copies_before_it_submits(cli, home, counter, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    same = str(tmp_path / "x.jsonl")
+    assert cli.run("train", "--environment", counter.url, "--output-adapter", "a", "--output", same,
+                   "--summary-output", same) == 1
+    assert "openenv_invalid_request" in capsys.readouterr().err
+    assert cli.run("train", "--environment", counter.url, "--output-adapter", "a", "--replay-output", "/dev/null") == 1
+    assert "output_not_a_file" in capsys.readouterr().err
+    assert cli.posted == [] and not OpenEnvRun.objects.exists() and not (tmp_path / "x.jsonl").exists()
 
 
 def _request(*flags: str) -> dict:
