@@ -155,7 +155,8 @@ def _sample_requests(body, *, seed_base: int | None):
         SampleRequest(messages=messages, sampling=params, adapter=body.adapter_name,
                       seed=None if seed_base is None else seed_base + index,
                       enable_thinking=body.chat_template_kwargs.enable_thinking,
-                      thinking_budget_tokens=body.thinking_budget_tokens)
+                      thinking_budget_tokens=body.thinking_budget_tokens,
+                      thinking_budget_ms=body.thinking_budget_ms)
         for index in range(body.n)
     ]
 

@@ -79,13 +79,14 @@ class ChatCompletionRequest(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, validate_default=True)  # always a list once parsed
     presence_penalty: float = Field(0.0, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
     frequency_penalty: float = Field(0.0, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
     repetition_penalty: float = Field(1.0, gt=0.0, le=REPETITION_PENALTY_MAX)
     adapter: str | None = None  # None: the active adapter (the registry says which); "base": the base model
     chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
     thinking_budget_tokens: int | None = Field(None, ge=1)
+    thinking_budget_ms: int | None = Field(None, ge=1)  # wall clock of reasoning before </think> is forced
     rollout_provenance: bool = False
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
@@ -114,8 +115,9 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("response_format other than text is not supported")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
-        if self.thinking_budget_tokens is not None and not self.chat_template_kwargs.enable_thinking:
-            raise ValueError("thinking_budget_tokens needs chat_template_kwargs.enable_thinking = true")
+        for budget in ("thinking_budget_tokens", "thinking_budget_ms"):
+            if getattr(self, budget) is not None and not self.chat_template_kwargs.enable_thinking:
+                raise ValueError(f"{budget} needs chat_template_kwargs.enable_thinking = true")
         if self.messages[-1].role == "assistant":
             raise ValueError("the last message must not be the assistant's: Kiln generates that turn")
         return self

@@ -17,8 +17,9 @@ of the template, anywhere in the body (never in keys):
   naming the task.
 
 The command owns `seed`, `adapter`, `n` (1), `stream` (false), `rollout_provenance` (true),
-`chat_template_kwargs.enable_thinking` (--thinking) and `thinking_budget_tokens`
-(--thinking-budget-tokens): a template may repeat the value the command will send, but any
+`chat_template_kwargs.enable_thinking` (--thinking), `thinking_budget_tokens`
+(--thinking-budget-tokens) and `thinking_budget_ms` (--thinking-budget-ms): a template may
+repeat the value the command will send, but any
 other value is refused, as are tools. Messages are normalised to `{role, content[, name,
 tool_call_id, reasoning_content]}` with text content (text parts are joined), the same shape
 the server samples from and the GRPO admission keeps, so the prompt digest is stable end to end.
@@ -52,10 +53,22 @@ class RenderOptions:
     adapter: str  # "base" or an adapter name
     thinking: bool
     thinking_budget_tokens: int | None = None
+    thinking_budget_ms: int | None = None  # wall-clock reasoning budget
 
     @property
     def is_base(self) -> bool:
         return self.adapter in BASE_LABELS
+
+    @property
+    def budgets(self) -> dict[str, int]:
+        """The request fields of the budgets set: {"thinking_budget_tokens": N, "thinking_budget_ms": M}."""
+        return {name: value for name, value in (("thinking_budget_tokens", self.thinking_budget_tokens),
+                                                ("thinking_budget_ms", self.thinking_budget_ms)) if value is not None}
+
+    def check_budgets(self) -> None:
+        if self.budgets and not self.thinking:
+            flags = " and ".join("--" + name.replace("_", "-") for name in self.budgets)
+            raise RolloutError("thinking_budget_needs_thinking", f"{flags} needs --thinking true")
 
 
 # -- inputs -----------------------------------------------------------------------------------
@@ -197,9 +210,9 @@ def _check_owned(body: dict, task: Task, seed: int, options: RenderOptions) -> N
         if "enable_thinking" in kwargs and kwargs["enable_thinking"] is not options.thinking:
             raise _refuse(task, f"the template sets chat_template_kwargs.enable_thinking to "
                           f"{kwargs['enable_thinking']!r}, but --thinking is {str(options.thinking).lower()}")
-    if "thinking_budget_tokens" in body and body["thinking_budget_tokens"] != options.thinking_budget_tokens:
-        raise _refuse(task, f"the template sets thinking_budget_tokens to {body['thinking_budget_tokens']!r}; "
-                      "use --thinking-budget-tokens")
+    for name in ("thinking_budget_tokens", "thinking_budget_ms"):
+        if name in body and body[name] != getattr(options, name):
+            raise _refuse(task, f"the template sets {name} to {body[name]!r}; use --{name.replace('_', '-')}")
     for key in ("tools", "functions"):
         if body.get(key):
             raise RolloutError("template_tools_refused", f"the template asks for {key}; rollout-generate does not "
@@ -245,8 +258,7 @@ def render_request(template: dict, task: Task, *, seed: int, options: RenderOpti
     """The exact /v1/chat/completions body for one (task, seed), validated as the server will."""
     if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
         raise RolloutError("seed_invalid", f"seed {seed!r} is outside 0..{MAX_SEED}", task_id=task.id)
-    if options.thinking_budget_tokens is not None and not options.thinking:
-        raise RolloutError("thinking_budget_needs_thinking", "--thinking-budget-tokens needs --thinking true")
+    options.check_budgets()
     body = substitute(template, task, seed=seed, options=options)
     _check_owned(body, task, seed, options)
     messages = body.get("messages")
@@ -257,10 +269,9 @@ def render_request(template: dict, task: Task, *, seed: int, options: RenderOpti
     body.pop("tools", None)
     body.update({"n": 1, "stream": False, "seed": seed, "adapter": "base" if options.is_base else options.adapter,
                  "rollout_provenance": True, "chat_template_kwargs": {"enable_thinking": options.thinking}})
-    if options.thinking_budget_tokens is not None:
-        body["thinking_budget_tokens"] = options.thinking_budget_tokens
-    else:
-        body.pop("thinking_budget_tokens", None)
+    body.pop("thinking_budget_tokens", None)
+    body.pop("thinking_budget_ms", None)
+    body.update(options.budgets)
     parse_request(body, task)
     return body
 

@@ -157,7 +157,7 @@ def validate_response(response, *, task: Task, seed: int, body: dict, parsed, op
         raise _fail(task, seed, "action_coverage", f"action tokens cover {len(indexes)} positions, but the completion "
                     f"spans positions {count}..{len(ids) - 1} ({len(ids) - count} tokens)")
     forced = sum(1 for a in actions if a["source"] == "forced")
-    if forced and options.thinking_budget_tokens is None:
+    if forced and not options.budgets:
         raise _fail(task, seed, "action_coverage", f"{forced} action tokens are marked forced, but no thinking budget "
                     "was requested")
 
@@ -205,13 +205,13 @@ def _check_sampling(recorded: dict, expected: dict, options: RenderOptions, task
             raise _fail(task, seed, "sampling", f"the record's sampling.{key} is {recorded.get(key)!r}, the request "
                         f"asked for {want!r}")
     budget = recorded.get("thinking_budget")
-    if options.thinking_budget_tokens is None:
+    wanted = {key: value for key, value in (("max_tokens", options.thinking_budget_tokens),
+                                            ("max_time_ms", options.thinking_budget_ms)) if value is not None}
+    if not wanted:
         if budget is not None:
             raise _fail(task, seed, "sampling", f"the record carries a thinking budget {budget!r}, none was requested")
-    elif not isinstance(budget, dict) or budget.get("max_tokens") != options.thinking_budget_tokens \
-            or "max_time_ms" in budget:
-        raise _fail(task, seed, "sampling", f"the record's thinking budget {budget!r} is not the requested "
-                    f"max_tokens {options.thinking_budget_tokens}")
+    elif not isinstance(budget, dict) or {k: v for k, v in budget.items() if k != "close_token_ids"} != wanted:
+        raise _fail(task, seed, "sampling", f"the record's thinking budget {budget!r} is not the requested {wanted}")
 
 
 def check_consistency(rollouts: list[CheckedRollout], tasks_by_id: dict[str, Task]) -> dict:

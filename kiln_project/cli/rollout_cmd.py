@@ -44,7 +44,7 @@ def parse_bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def parse_budget(value: str) -> int | None:
+def parse_budget(value: str, unit: str = "token") -> int | None:
     if value.strip().lower() == "unlimited":
         return None
     try:
@@ -52,8 +52,12 @@ def parse_budget(value: str) -> int | None:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'unlimited', got {value!r}") from None
     if number < 1:
-        raise argparse.ArgumentTypeError("the thinking budget must be at least 1 token")
+        raise argparse.ArgumentTypeError(f"the thinking budget must be at least 1 {unit}")
     return number
+
+
+def parse_budget_ms(value: str) -> int | None:
+    return parse_budget(value, "millisecond")
 
 
 def positive_int(value: str) -> int:
@@ -78,6 +82,8 @@ def add_parser(subparsers, common) -> None:
                    help="chat_template_kwargs.enable_thinking for every request (default false)")
     p.add_argument("--thinking-budget-tokens", type=parse_budget, default=None, metavar="N|unlimited",
                    help="reasoning tokens before </think> is forced (needs --thinking true)")
+    p.add_argument("--thinking-budget-ms", type=parse_budget_ms, default=None, metavar="N|unlimited",
+                   help="milliseconds of reasoning before </think> is forced (needs --thinking true)")
     p.add_argument("--tasks", required=True, type=Path, help="JSONL, one task object with a unique id per line")
     p.add_argument("--request-template", required=True, type=Path,
                    help="chat-completions body with {{prompt}}, {{task.FIELD}}, {{seed}}, {{adapter_label}}, "
@@ -125,11 +131,11 @@ def _scorer_runner(scorer: Path, unsandboxed: bool):
 def generate(args) -> dict:
     """Run the whole command; returns the summary that was published. Raises RolloutError or CliError."""
     options = RenderOptions(adapter=args.adapter, thinking=args.thinking,
-                            thinking_budget_tokens=args.thinking_budget_tokens)
+                            thinking_budget_tokens=args.thinking_budget_tokens,
+                            thinking_budget_ms=args.thinking_budget_ms)
     if not args.adapter.strip():
         raise RolloutError("invalid_argument", "--adapter needs 'base' or an adapter name")
-    if options.thinking_budget_tokens is not None and not options.thinking:
-        raise RolloutError("thinking_budget_needs_thinking", "--thinking-budget-tokens needs --thinking true")
+    options.check_budgets()
     if args.seed_start < 0 or args.seed_start + args.seeds - 1 > MAX_SEED:
         raise RolloutError("invalid_argument", f"seeds must lie within 0..{MAX_SEED}")
     output, summary_path = check_targets([args.output, args.summary_output])
@@ -166,7 +172,8 @@ def generate(args) -> dict:
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "server_url": client.url,
         "adapter": "base" if options.is_base else options.adapter,
-        "thinking": {"enabled": options.thinking, "budget_tokens": options.thinking_budget_tokens},
+        "thinking": {"enabled": options.thinking, "budget_tokens": options.thinking_budget_tokens,
+                     "budget_ms": options.thinking_budget_ms},
         "seeds": {"start": seeds[0], "count": len(seeds), "last": seeds[-1]},
         "concurrency": args.concurrency,
         "inputs": {

@@ -65,3 +65,18 @@ def test_max_tokens_cap_is_shared():
     with pytest.raises(ValueError):
         SamplingParams(max_tokens=bounds.MAX_TOKENS_CAP + 1).validate()
     SamplingParams(max_tokens=bounds.MAX_TOKENS_CAP).validate()
+
+
+def test_the_time_budget_reaches_the_sampler_and_needs_thinking():
+    from adapters.serving.runtime_host import _sample_requests
+
+    thinking = {"chat_template_kwargs": {"enable_thinking": True}}
+    _, requests = _sample_requests(chat(thinking_budget_ms=250, n=2, **thinking), seed_base=7)
+    assert [(r.thinking_budget_ms, r.thinking_budget_tokens, r.seed) for r in requests] == [(250, None, 7),
+                                                                                          (250, None, 8)]
+    _, [both] = _sample_requests(chat(thinking_budget_ms=250, thinking_budget_tokens=16, **thinking), seed_base=1)
+    assert (both.thinking_budget_ms, both.thinking_budget_tokens) == (250, 16)
+    for refused in ({"thinking_budget_ms": 0, **thinking},
+                    {"thinking_budget_ms": 250, "chat_template_kwargs": {"enable_thinking": False}}):
+        with pytest.raises(ValidationError):
+            chat(**refused)

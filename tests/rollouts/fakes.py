@@ -30,8 +30,10 @@ def _sampling(body: dict) -> dict:
               "repetition_penalty": float(parsed.repetition_penalty),
               "presence_penalty": float(parsed.presence_penalty),
               "frequency_penalty": float(parsed.frequency_penalty), "stop": list(parsed.stop or [])}
-    if parsed.thinking_budget_tokens is not None:
-        record["thinking_budget"] = {"close_token_ids": list(CLOSE_IDS), "max_tokens": parsed.thinking_budget_tokens}
+    budget = {key: value for key, value in (("max_tokens", parsed.thinking_budget_tokens),
+                                            ("max_time_ms", parsed.thinking_budget_ms)) if value is not None}
+    if budget:
+        record["thinking_budget"] = {"close_token_ids": list(CLOSE_IDS), **budget}
     return record
 
 

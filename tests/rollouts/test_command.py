@@ -124,6 +124,19 @@ def test_a_scorer_crash_names_task_seed_and_stderr_and_writes_nothing(workdir, c
     _untouched(workdir, before)
 
 
+def test_a_time_budget_is_sent_with_each_request_and_recorded(workdir, capsys):
+    assert cli_main.main(argv(workdir, "--thinking", "true", "--thinking-budget-ms", "750")) == 0
+    bodies = FakeClient.server.bodies
+    assert len(bodies) == 12 and all(b["thinking_budget_ms"] == 750 and "thinking_budget_tokens" not in b
+                                     and b["chat_template_kwargs"] == {"enable_thinking": True} for b in bodies)
+    summary = json.loads((workdir / "r.summary.json").read_text())
+    assert summary["thinking"] == {"enabled": True, "budget_tokens": None, "budget_ms": 750}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as usage:
+        cli_main.main(argv(workdir, "--thinking-budget-ms", "0"))
+    assert usage.value.code == 2 and "at least 1 millisecond" in capsys.readouterr().err
+
+
 def test_refusals_happen_before_any_request(workdir, capsys):
     template = json.loads((workdir / "request.json").read_text())
     (workdir / "request.json").write_text(json.dumps({**template, "n": 4}))

@@ -35,7 +35,20 @@ def test_named_adapter_thinking_and_budget_are_sent():
     body = render(options=RenderOptions(adapter="math-r001", thinking=True, thinking_budget_tokens=32))
     assert body["adapter"] == "math-r001"
     assert body["chat_template_kwargs"] == {"enable_thinking": True}
-    assert body["thinking_budget_tokens"] == 32
+    assert body["thinking_budget_tokens"] == 32 and "thinking_budget_ms" not in body
+    timed = render(options=RenderOptions(adapter="base", thinking=True, thinking_budget_ms=1500))
+    assert timed["thinking_budget_ms"] == 1500 and "thinking_budget_tokens" not in timed
+
+
+def test_the_time_budget_is_the_commands_and_needs_thinking():
+    options = RenderOptions(adapter="base", thinking=True, thinking_budget_ms=1500)
+    assert render({**TEMPLATE, "thinking_budget_ms": 1500}, options=options)["thinking_budget_ms"] == 1500
+    with pytest.raises(RolloutError) as err:
+        render({**TEMPLATE, "thinking_budget_ms": 99}, options=options)
+    assert err.value.code == "template_owned_field" and "use --thinking-budget-ms" in err.value.message
+    with pytest.raises(RolloutError) as err:
+        render(options=RenderOptions(adapter="base", thinking=False, thinking_budget_ms=10))
+    assert err.value.code == "thinking_budget_needs_thinking" and "--thinking-budget-ms" in err.value.message
 
 
 def test_whole_string_placeholders_keep_their_json_type_and_embedded_ones_render_as_text():

@@ -139,6 +139,17 @@ def test_the_budget_in_the_record_must_be_the_requested_one():
     assert err.value.check == "sampling"
 
 
+def test_a_time_budget_must_be_recorded_as_requested():
+    timed = RenderOptions(adapter="base", thinking=True, thinking_budget_ms=500)
+    body = body_for(timed)
+    response = fake_response(body, forced=1)  # forced close tokens are allowed under a time budget
+    assert check(response, timed, body=body).forced_tokens == 1
+    response["choices"][0]["rollout_provenance"]["sampling"]["thinking_budget"]["max_tokens"] = 500
+    with pytest.raises(RolloutError) as err:  # a token budget the request did not ask for
+        check(response, timed, body=body)
+    assert err.value.check == "sampling" and "max_time_ms" in err.value.message
+
+
 @pytest.mark.parametrize("choice_adapter, record_adapter", [
     (None, None),  # sampled from the base model
     ({"name": "other", "content_sha256": ADAPTER["content_sha256"]}, None),  # another adapter
