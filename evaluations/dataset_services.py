@@ -131,8 +131,9 @@ def dataset_upload(*, name, fmt, description="", content: bytes, user=None) -> E
                         f"{limit}", status=413, hint="raise KILN_MAX_REQUEST_BYTES, or split the file")
     try:
         rows, _lines = parse_rows(content, fmt)
-    except FormatError as exc:
-        raise invalid(exc.message, hint=f"each line must be one {fmt} row as JSON") from None
+    except FormatError as exc:  # the request was well formed, its file is not a dataset of that format
+        raise KilnError("dataset_invalid", exc.message, status=400, field="file",
+                        hint=f"each line must be one {fmt} row as JSON") from None
     with _name_lock(name):
         if EvalDataset.objects.filter(name=name).exists():
             raise dataset_exists_error(name)

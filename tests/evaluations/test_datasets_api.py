@@ -141,7 +141,7 @@ def test_bad_split_configs_are_refused_and_change_nothing(api, home, body, field
      "sft_chat", 2),
 ])
 def test_a_bad_file_names_its_line_and_leaves_nothing(api, home, data, fmt, line):
-    message = error(upload(api, "broken", data, fmt=fmt), 400, "eval_invalid_request")
+    message = error(upload(api, "broken", data, fmt=fmt), 400, "dataset_invalid")
     assert message.startswith(f"file line {line}:")
     assert not EvalDataset.objects.exists() and _datasets_dir_entries(home) == []
 
@@ -152,7 +152,7 @@ def test_request_errors(api, home):
     assert "format" in error(upload(api, "ok", b'{"a": 1}\n', fmt="csv"), 400, "eval_invalid_request")
     missing = api.post("/v1/eval/datasets/upload", data={"name": "ok", "format": "raw"})
     assert "file" in error(missing, 400, "eval_invalid_request")
-    assert "no rows" in error(upload(api, "ok", b"\n\n", fmt="raw"), 400, "eval_invalid_request")
+    assert "no rows" in error(upload(api, "ok", b"\n\n", fmt="raw"), 400, "dataset_invalid")
     for path in ("/v1/eval/datasets/nope", "/v1/eval/datasets/nope/split"):
         error(api.get(path), 404, "dataset_not_found")
     error(api.delete("/v1/eval/datasets/nope"), 404, "dataset_not_found")
