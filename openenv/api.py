@@ -30,6 +30,7 @@ from ninja import Router
 from core.accounts.auth import require_permission
 from core.errors import KilnError
 from openenv.api_support import Documented, check_body_size, documented
+from openenv.client.credentials import PUBLIC_SLOT
 from openenv.client.discovery import INSPECTION_SCHEMA, inspect
 from openenv.client.errors import (
     OpenEnvCredentialInvalid,
@@ -127,7 +128,7 @@ def _targets(body: dict) -> tuple[list[str], list[str | None]]:
         urls, handles = list(many), list(handles) or [None] * len(many)
     if not all(isinstance(url, str) for url in urls):
         raise _invalid("every environment URL must be a string")
-    return urls, handles
+    return urls, [None if handle == PUBLIC_SLOT else handle for handle in handles]  # "-": a public slot
 
 
 def is_loopback_only(endpoint: Endpoint) -> bool:

@@ -59,8 +59,13 @@ def _train_parser(sub, common) -> None:
                                    "native GRPO and publishes the adapter; this command follows it.")
     p.add_argument("target", nargs="?", metavar="URL", help="environment URL (or use --environment)")
     p.add_argument("--environment", action="append", default=[], metavar="URL", help="environment URL (repeat)")
-    p.add_argument("--credential-id", action="append", default=[], metavar="ID|-",
-                   help="the server's credential handle for the aligned --environment; - = public")
+    credentials = p.add_mutually_exclusive_group()
+    credentials.add_argument("--credential-id", action="append", default=[], metavar="ID|-",
+                             help="the server's credential handle for the aligned --environment; - = public")
+    credentials.add_argument("--credential-env", action="append", default=[], metavar="VAR|-",
+                             help="as on rollout, for the aligned --environment (- = public): the server "
+                                  "collects, so this names its [openenv.credentials] entry with "
+                                  "bearer_token_env = VAR for that URL's origin")
     p.add_argument("--adapter", default="base", help="behavior adapter (base, none or null: the base model)")
     p.add_argument("--output-adapter", required=True, help="the name of the LoRA to train (a new revision)")
     collection_args(p)  # the flags `kiln openenv rollout` takes too
@@ -88,8 +93,41 @@ def _train_parser(sub, common) -> None:
         copies.add_argument(flag, type=Path, default=Path(default), metavar="F", help=f"default {default}")
 
 
-def train_request(args) -> dict:
-    """The kind-train OpenEnvRunRequest the flags describe."""
+def handles_for_variables(urls: list[str], variables: list[str], table: dict) -> list[str | None]:
+    """`--credential-env VAR|-` per URL -> the server's credential handles. A train run collects on the
+    server, which reads tokens from its own environment and never receives one from a client, so
+    VAR names the server entry (`[openenv.credentials.<id>]`, from GET /v1/config) whose
+    bearer_token_env is VAR and whose origin is the URL's; `-` is a public slot."""
+    from openenv.client.errors import OpenEnvError
+    from openenv.client.urls import as_endpoint
+
+    if len(variables) != len(urls):
+        raise CliError("openenv_credential_invalid", f"{len(variables)} --credential-env for {len(urls)} "
+                       "environment URLs", "repeat --credential-env once per --environment, using - for a public one")
+    handles: list[str | None] = []
+    for url, variable in zip(urls, variables, strict=True):
+        if variable == "-":
+            handles.append(None)
+            continue
+        try:
+            origin = as_endpoint(url).origin
+        except OpenEnvError as exc:
+            raise CliError(exc.code, exc.message, exc.hint) from None
+        matches = sorted(handle for handle, entry in table.items()
+                         if entry.get("bearer_token_env") == variable and entry.get("origin") == origin)
+        if not matches:
+            raise CliError("openenv_credential_not_found",
+                           f"the Kiln server has no credential reading ${variable} for {origin}",
+                           "the server collects train runs with tokens from its own environment: add "
+                           f"[openenv.credentials.<id>] origin = \"{origin}\", bearer_token_env = \"{variable}\" to "
+                           "its kiln.toml, export the variable where it runs and restart it, or pass --credential-id ID")
+        handles.append(matches[0])
+    return handles
+
+
+def train_request(args, credential_table: dict | None = None) -> dict:
+    """The kind-train OpenEnvRunRequest the flags describe (`credential_table`: the server's
+    `openenv_credentials`, needed only for --credential-env)."""
     import uuid
 
     from kiln_project.cli.openenv_cmd import _reset_file
@@ -108,6 +146,8 @@ def train_request(args) -> dict:
             "capacity_wait_seconds": args.capacity_wait_seconds, "auto_load": args.auto_load}
     if args.credential_id:
         body["credential_ids"] = [None if handle == "-" else handle for handle in args.credential_id]
+    elif args.credential_env:
+        body["credential_ids"] = handles_for_variables(urls, args.credential_env, credential_table or {})
     if args.thinking_budget_tokens is not None:
         body["thinking_budget_tokens"] = args.thinking_budget_tokens
     if args.reset_options is not None:
@@ -183,7 +223,8 @@ def _download_collection(client: KilnClient, final: dict, outputs: dict[str, Pat
 
 def _train(client: KilnClient, args) -> int:
     outputs = None if args.no_follow else _collection_outputs(args)
-    status = client.post("/v1/openenv/runs", json=train_request(args))
+    table = client.get("/v1/config")["config"].get("openenv_credentials") or {} if args.credential_env else None
+    status = client.post("/v1/openenv/runs", json=train_request(args, table))
     if args.no_follow:
         return _show(status, args)
     if not args.json:

@@ -23,6 +23,7 @@ VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # A server credential's handle (`[openenv.credentials.<id>]`, a request's credential_ids); "-" is
 # reserved for a public slot.
 CREDENTIAL_HANDLE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+PUBLIC_SLOT = "-"  # in an aligned credential list: this URL needs none (as null); never a handle's name
 _TOKEN = re.compile(r"^[\x21-\x7e]{1,4096}$")  # visible ASCII: header-safe, no whitespace
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from openenv.client.actions import I64_MAX
-from openenv.client.credentials import CREDENTIAL_HANDLE
+from openenv.client.credentials import CREDENTIAL_HANDLE, PUBLIC_SLOT
 from openenv.client.errors import OpenEnvError, OpenEnvUrlInvalid
 from openenv.client.urls import normalize_url
 from openenv.collector.config import MAX_GROUPS, CollectionConfig, adapter_name
@@ -109,13 +109,14 @@ def _credential_ids(body: dict, count: int) -> list[str | None]:
     if handles and len(handles) != count:
         raise RunRequestError("credential_ids", f"{len(handles)} handles for {count} environment URLs",
                               "give none, or one handle (or null) per URL")
+    handles = [None if handle == PUBLIC_SLOT else handle for handle in handles]  # "-": a public slot
     for index, handle in enumerate(handles):
         if handle is None:
             continue
-        if not isinstance(handle, str) or handle == "-" or not CREDENTIAL_HANDLE.match(handle):
-            raise RunRequestError(f"credential_ids[{index}]", "must be null or a handle of 1..64 characters "
-                                  "[A-Za-z0-9_-] (\"-\" is reserved)")
-    return list(handles)
+        if not isinstance(handle, str) or not CREDENTIAL_HANDLE.match(handle):
+            raise RunRequestError(f"credential_ids[{index}]", "must be null (or \"-\") for a public slot, or a "
+                                  "handle of 1..64 characters [A-Za-z0-9_-]")
+    return handles
 
 
 def _reset_options(body: dict, count: int) -> tuple[dict, list[dict] | None]:

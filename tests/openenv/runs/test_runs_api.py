@@ -99,7 +99,7 @@ def test_the_tracked_map_full_is_503_and_terminal_runs_are_evicted(api, home, bo
     ({"environment_urls": []}, "environment_urls"),
     ({"environment_urls": ["http://user:pw@127.0.0.1:9"]}, "environment_urls[0]"),
     ({"environment_urls": ["http://127.0.0.1:9/?q=1"]}, "environment_urls[0]"),
-    ({"credential_ids": ["-"]}, "credential_ids[0]"),
+    ({"credential_ids": ["has space"]}, "credential_ids[0]"),
     ({"credential_ids": [None, None]}, "credential_ids"),
     ({"environment_reset_options": [{"a": 1}]}, "environment_reset_options"),
     ({"thinking": False, "thinking_budget_tokens": 8}, "thinking_budget_tokens"),

@@ -113,3 +113,17 @@ def test_the_inspect_route_takes_the_handle(api, protected, configured):
     refused = api.post("/v1/openenv/inspect", data=json.dumps({"url": protected.url}),
                        content_type="application/json")
     assert refused.status_code == 502, refused.content
+
+
+def test_a_dash_is_a_public_slot_as_the_guide_says(api, home, protected, configured):
+    # "Align server credential_ids ... with URLs; use - for a public slot": stored as null, not a handle
+    run = post_run(api, rollout_body(protected.url, credential_ids=["-"], idempotency_key="dash-1")).json()
+    assert run["request"]["credential_ids"] == [None]
+    retry = post_run(api, rollout_body(protected.url, credential_ids=[None], idempotency_key="dash-1"))
+    assert retry.status_code == 200 and retry.json()["run_id"] == run["run_id"]  # the same request
+    # inspect: "-" sends no token, so the protected server refuses (502), it is not an unknown handle (400)
+    body = {"environment_urls": [protected.url, protected.url], "credential_ids": ["team", "-"]}
+    refused = api.post("/v1/openenv/inspect", data=json.dumps(body), content_type="application/json")
+    assert refused.status_code == 502 and refused.json()["error"]["code"] == "openenv_inspection_failed"
+    body["credential_ids"] = ["team", "team"]
+    assert api.post("/v1/openenv/inspect", data=json.dumps(body), content_type="application/json").status_code == 200

@@ -122,3 +122,35 @@ def test_follow_shows_the_evaluations_side_then_its_decision_with_p_and_counts()
                      "exact_sign_test_p_value": 4.62867e-07}}
     assert progress_line(status).endswith(" · env eval passed: return 0.1875 -> 1.175, improved 29 regressed 2 "
                                           "tied 9, p 4.629e-07 · promoted")
+
+
+def test_credential_env_names_the_servers_entry_for_that_variable_and_origin():
+    from kiln_project.cli.client import CliError
+    from kiln_project.cli.openenv_runs_cmd import handles_for_variables
+
+    table = {"team": {"origin": "http://127.0.0.1:8990", "bearer_token_env": "PTOK"},
+             "other": {"origin": "http://127.0.0.1:8991", "bearer_token_env": "PTOK"}}
+    urls = ["http://127.0.0.1:8990/", "http://127.0.0.1:8991", "http://127.0.0.1:8992"]
+    assert handles_for_variables(urls, ["PTOK", "PTOK", "-"], table) == ["team", "other", None]
+    with pytest.raises(CliError) as missing:  # no entry reads that variable for that origin
+        handles_for_variables(urls[:1], ["OTHER_VAR"], table)
+    assert missing.value.code == "openenv_credential_not_found"
+    assert "$OTHER_VAR" in missing.value.message and 'bearer_token_env = "OTHER_VAR"' in missing.value.hint
+    with pytest.raises(CliError) as misaligned:
+        handles_for_variables(urls, ["PTOK"], table)
+    assert misaligned.value.code == "openenv_credential_invalid"
+    from kiln_project.cli.main import build_parser
+    from kiln_project.cli.openenv_runs_cmd import train_request
+
+    args = build_parser().parse_args(["openenv", "train", "--environment", urls[0], "--credential-env", "PTOK",
+                                      "--output-adapter", "counter-agent"])
+    assert train_request(args, table)["credential_ids"] == ["team"]  # the handle, never the variable or token
+
+
+def test_credential_env_without_a_server_entry_fails_before_submitting(cli, home, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.run("train", "--environment", "http://127.0.0.1:8990", "--credential-env", "PTOK",
+                   "--output-adapter", "a") == 1
+    err = capsys.readouterr().err
+    assert "openenv_credential_not_found" in err and "$PTOK" in err
+    assert cli.posted == [] and not OpenEnvRun.objects.exists()
