@@ -182,10 +182,11 @@ async def _collect_side(side: str, base: CollectionConfig, plan: EvalPlan, polic
     progress.side(side)
     behavior = policy_factory(policy.adapter)
     try:
+        inspections = None
         if reference is not None:  # fail before spending an episode when the environment changed meanwhile
-            now = [inspection.to_json() for inspection in await discover(config)]
-            check_environments(reference, {"environments": now})
-        bundle = await collect(config, behavior, on_progress=progress.step)
+            inspections = await discover(config)
+            check_environments(reference, {"environments": [inspection.to_json() for inspection in inspections]})
+        bundle = await collect(config, behavior, on_progress=progress.step, inspections=inspections)
     except CollectionError as exc:  # the side's own failure (its revalidation included), at this stage
         raise EnvironmentEvalError(exc.code, f"{side}: {exc.message}", failure_code=exc.failure_code,
                                    retryable=exc.retryable, hint=exc.hint, protocol_code=exc.protocol_code,

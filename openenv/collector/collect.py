@@ -96,9 +96,14 @@ def _check_group(group_index: int, results: list[CandidateResult]) -> None:
                 hint="the environment's reset is not deterministic for a seed; GRPO groups need identical starts")
 
 
-async def collect(config: CollectionConfig, policy: Policy, *, on_progress: Progress | None = None) -> Bundle:
+async def collect(config: CollectionConfig, policy: Policy, *, on_progress: Progress | None = None,
+                  inspections: list | None = None) -> Bundle:
+    """`inspections`: the discovery the caller already made and showed (a persisted run's status):
+    the collection binds exactly that one, so a change between it and the first episode is caught
+    by the final re-verification instead of being bound silently by a second discovery."""
     config.check()
-    inspections = await discover(config)
+    if inspections is None:
+        inspections = await discover(config)
     environments = [inspection.to_json() for inspection in inspections]
     credentials = config.credentials or [None] * len(inspections)
     settings = EpisodeSettings(

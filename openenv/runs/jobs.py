@@ -104,7 +104,7 @@ class _Execution(threading.Thread):
         with self.lock:
             self.environments = [inspection.identity for inspection in inspections]
             self.phase = RunState.COLLECTING
-        self.bundle = await collect(self.config, self.policy, on_progress=self._progress)
+        self.bundle = await collect(self.config, self.policy, on_progress=self._progress, inspections=inspections)
 
     def _progress(self, done: int, total: int, label: str) -> None:
         match = _GROUP.match(label)

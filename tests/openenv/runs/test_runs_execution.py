@@ -204,3 +204,28 @@ def test_after_a_restart_the_queued_run_resumes_and_completes(api, home, counter
     assert policies.started == [second]
     assert status(api, first)["failure"]["code"] == "run_interrupted"
     assert status(api, second)["state"] == "rollout_ready"
+
+
+@pytest.mark.django_db
+def test_a_change_between_the_runs_discovery_and_its_episodes_fails_it(api, home, policies, monkeypatch):
+    """The identity a run shows while collecting is the one its episodes are checked against: a
+    redeploy right after that discovery is caught, not bound by a second discovery."""
+    from openenv.runs import jobs
+    from tests.openenv.fake_server import FakeServer
+
+    with FakeServer() as server:
+        discover = jobs.discover
+
+        async def then_redeployed(config):
+            found = await discover(config)
+            server.documents["/metadata"]["version"] = "0.2.0"
+            return found
+
+        monkeypatch.setattr(jobs, "discover", then_redeployed)
+        run = post_run(api, rollout_body(server.url, groups=1, group_size=2, max_steps=2)).json()
+        run_queued_jobs("control")
+        failed = status(api, run["run_id"])
+    assert failed["state"] == "failed", failed
+    assert failed["failure"]["code"] == "environment_identity_changed", failed["failure"]
+    assert failed["failure"]["stage"] == "identity_verification" and "metadata" in failed["failure"]["message"]
+    assert failed["artifacts"] == [] and server.sessions == 2  # its episodes ran, then nothing was published
