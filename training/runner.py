@@ -75,8 +75,9 @@ def _record_failure_receipt(path: Path, name: str, job) -> None:
     receipt_record(kind=ReceiptKind.TRAIN_FAILURE, subject=name, body=body, job=job)
 
 
-# What a named-dataset submission adds to the receipt's training_data (reference-spec §1.1).
-LINEAGE_KEYS = ("dataset", "split", "dataset_corpus_sha256", "split_manifest_sha256")
+# What a named-dataset submission (or an OpenEnv run's corpus lineage) adds to the receipt's
+# training_data (reference-spec §1.1, §2.9).
+LINEAGE_KEYS = ("dataset", "split", "dataset_corpus_sha256", "split_manifest_sha256", "openenv")
 
 
 def run_grpo_job(ctx) -> dict:

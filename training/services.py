@@ -190,12 +190,15 @@ def _checkpoint_seed(value: str) -> int | None:
     return int(seed) if isinstance(seed, str | int) and str(seed).isdigit() else None
 
 
-def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_sources: tuple | None = None) -> tuple:
+def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_sources: tuple | None = None,
+                openenv_lineage: dict | None = None) -> tuple:
     """Validate and queue a GRPO request. Returns (job, effective_seed).
 
     `sealed_sources` = (config_sources, server_training_defaults) for a config whose server defaults
     were merged in earlier and sealed (an OpenEnv run's contract): the receipt then says where each
-    field came from at sealing, not "request" for every field of the complete config."""
+    field came from at sealing, not "request" for every field of the complete config.
+    `openenv_lineage`: an OpenEnv run's `kiln.openenv-training-data.v1` for the groups it submits,
+    kept as the job's `training_data.openenv` and in its receipt (reference-spec §1.1, §2.9)."""
     if not isinstance(body, dict):
         raise _invalid("must be a JSON object", "request")
     submission, config_sources = _parse_submission(body)
@@ -232,7 +235,8 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_
             payload = GrpoJobPayload(
                 route=route, adapter_name=output_name, config=effective, snapshot_path=str(snapshot),
                 training_data={**provenance, "admitted_corpus_sha256": corpus.sha256,
-                               "rows": len(corpus.groups), "rollouts": corpus.rollouts},
+                               "rows": len(corpus.groups), "rollouts": corpus.rollouts,
+                               **({"openenv": openenv_lineage} if openenv_lineage else {})},
                 post_eval=submission.post_eval, post_eval_suite_hash=suite_pin and suite_pin["suite_hash"],
                 ignored_config_keys=tuple(sorted(config.ignored_keys)),
                 dry_run=submission.dry_run,

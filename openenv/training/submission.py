@@ -73,7 +73,7 @@ def submit_training(run: OpenEnvRun, groups: list[dict]) -> dict:
             sources = contracts.config_sources((run.request or {}).get("training_config"),
                                                contract["effective_config"])
             job, seed = grpo_submit(body=body, user=run.submitted_by, route="/v1/train/grpo",
-                                    sealed_sources=sources)
+                                    sealed_sources=sources, openenv_lineage=lineage)
             submission = {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
                           "message": f"GRPO training queued; it will publish adapter "
                                      f"{contract['effective_config']['output_name']}"}

@@ -82,6 +82,10 @@ def test_a_train_run_collects_selects_trains_and_publishes(api, home, counter, s
     assert lineage["schema"] == "kiln.openenv-training-data.v1" and lineage["groups"] == 2
     assert (lineage["seed_min"], lineage["seed_max"], lineage["rollouts"]) == ("100", "102", 5)
     assert lineage["behavior_policy"] == contract["behavior_policy"]
+    # the training job carries the same lineage (GET /v1/train/jobs/{id} and /v1/train/status/{id})
+    assert job.payload["training_data"]["openenv"] == lineage
+    for route in (f"/v1/train/jobs/{job.uuid}", f"/v1/train/status/{job.uuid}"):
+        assert api.get(route).json()["training_data"]["openenv"] == lineage, route
     # The summary embeds the contract and the selection, and still verifies offline.
     folder = home / "adapters" / ".openenv" / "runs" / first["run_id"]
     summary = json.loads((folder / "summary.json").read_text())
@@ -103,6 +107,7 @@ def test_a_train_run_collects_selects_trains_and_publishes(api, home, counter, s
     receipt = json.loads(receipt_bytes)
     assert receipt["status"] == "success" and receipt["adapter_name"] == "counter-agent"
     assert receipt["training_data"]["sha256"] == job.payload["training_data"]["admitted_corpus_sha256"]
+    assert receipt["training_data"]["openenv"] == lineage  # §2.9: training_data{source, path?, sha256?, openenv?}
     assert receipt["data"]["groups_trained"] == 2 and receipt["echo"]["enabled"] is True
     downloaded = api.get(f"/v1/openenv/runs/{first['run_id']}/artifacts/train_receipt")
     assert downloaded.status_code == 200 and b"".join(downloaded.streaming_content) == receipt_bytes
