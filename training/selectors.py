@@ -51,10 +51,16 @@ def post_eval_state(job: Job) -> dict:
 
 def _activation_state(job: Job, adapter, post_eval_result: dict) -> dict:
     """Whether the adapter serves now, and what decides it: the post-eval's inline canary, an auto_load
-    activation job (its canary), or a promotion waiting for a reviewer."""
+    activation job (its canary), or a promotion (a reviewer's approval, `kiln adapters activate`) whose
+    activation job made this adapter revision active."""
     result = job.result or {}
-    activation_job = Job.objects.filter(uuid=result["activation_job_id"]).first() \
-        if result.get("activation_job_id") else None
+    promotion_id = result.get("promotion_id") or post_eval_result.get("promotion_id")
+    promotion = _promotion_of(adapter, promotion_id)
+    if promotion is not None:
+        promotion_id = promotion.id
+    activation_job_id = result.get("activation_job_id") or (
+        str(promotion.activation_job.uuid) if promotion is not None and promotion.activation_job else None)
+    activation_job = Job.objects.filter(uuid=activation_job_id).first() if activation_job_id else None
     at = post_eval_result.get("activated_at")
     if at is None and activation_job is not None and (activation_job.result or {}).get("activated"):
         at = activation_job.finished_at
@@ -65,8 +71,21 @@ def _activation_state(job: Job, adapter, post_eval_result: dict) -> dict:
                  "message": activation_job.error_message or (activation_job.result or {}).get("message")}
                 if activation_job is not None and not (activation_job.result or {}).get("activated")
                 and activation_job.state in ("completed", "failed", "cancelled") else None),
-            "activation_job_id": result.get("activation_job_id"),
-            "promotion_id": result.get("promotion_id") or post_eval_result.get("promotion_id")}
+            "activation_job_id": activation_job_id,
+            "promotion_id": promotion_id}
+
+
+def _promotion_of(adapter, promotion_id):
+    """The promotion that decides this adapter revision: the recorded one, else the newest for its
+    exact bytes (one requested later by hand or by the gate's pending approval)."""
+    from adapters.models import Promotion
+
+    if promotion_id is not None:
+        return Promotion.objects.filter(id=promotion_id).select_related("activation_job").first()
+    if adapter is None or not adapter.content_sha256:
+        return None
+    return (Promotion.objects.filter(candidate=adapter.name, content_sha256=adapter.content_sha256)
+            .select_related("activation_job").order_by("-requested_at", "-id").first())
 
 
 def _gate_fields(job: Job) -> dict:

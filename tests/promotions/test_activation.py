@@ -162,3 +162,27 @@ def test_a_request_without_an_adapter_is_served_by_the_active_one(home):
     assert default_adapter() == "base"
     published(home, "r1", loaded=True)
     assert default_adapter() == "r1"
+
+
+def test_the_training_jobs_activation_state_follows_the_promotion_that_activated_it(home):
+    from core.jobs.services import job_submit
+    from tests.promotions.support import approve
+    from training.selectors import training_detail
+
+    requester, reviewer, _ = users()
+    published(home, "inc", loaded=True)
+    training = job_submit(kind="test.steps", payload={"steps": 1}, title="training cand")
+    Job.objects.filter(id=training.id).update(kind="training.grpo", state="completed", payload={
+        "route": "/v1/train/grpo", "adapter_name": "cand", "snapshot_path": "/nonexistent",
+        "config": {"seed": "1", "output_name": "cand"}, "training_data": {"source": "inline"}})
+    training = Job.objects.get(id=training.id)
+    published(home, "cand", job=training)
+    assert training_detail(training)["states"]["activation"]["promotion_id"] is None
+    promotion = promotion_request(candidate="cand", user=requester, reason="")  # asked for later, by hand
+    pending = training_detail(training)["states"]["activation"]
+    assert pending["promotion_id"] == promotion.id and pending["active"] is False and pending["at"] is None
+    applied = approve(promotion.id, reviewer, "ok")
+    activation = training_detail(training)["states"]["activation"]
+    assert activation["active"] is True and activation["promotion_id"] == promotion.id
+    assert activation["activation_job_id"] == str(applied.activation_job.uuid)
+    assert activation["at"] == Job.objects.get(id=applied.activation_job_id).finished_at is not None
