@@ -130,6 +130,45 @@ def follow_training(client: KilnClient, job_id: str) -> dict:
     return follow(lambda: client.get(f"/v1/train/status/{job_id}"), _training_label)
 
 
+def _when(value) -> str:
+    return f" at {value}" if value else ""
+
+
+def detail_lines(detail: dict) -> list[str]:
+    """`kiln train status --job-id`: the job's status, then its three recorded states (training,
+    evaluation, activation) with their times, then the gate's evidence (README, "Promotion")."""
+    lines = [f"{key:14} {detail.get(key)}" for key in (
+        "job_id", "state", "progress", "current_loss", "adapter_name", "adapter_path", "elapsed_secs", "error",
+        "gate_outcome", "post_eval_verdict")]
+    states = detail.get("states") or {}
+    training, evaluation, activation = (states.get(k) or {} for k in ("training", "evaluation", "activation"))
+    if training:
+        lines.append(f"{'training':14} {training.get('state')}{_when(training.get('at'))}")
+    if states.get("evaluation"):
+        outcome = f" ({evaluation['outcome']})" if evaluation.get("outcome") else ""
+        lines.append(f"{'evaluation':14} {evaluation.get('state')}{outcome}{_when(evaluation.get('at'))}, "
+                     f"job {evaluation.get('job_id')}")
+    elif training:
+        lines.append(f"{'evaluation':14} none (no post_eval)")
+    if activation:
+        how = [f"promotion {activation['promotion_id']}"] if activation.get("promotion_id") is not None else []
+        if activation.get("activation_job_id"):
+            how.append(f"activation job {activation['activation_job_id']}")
+        if activation.get("demoted_to"):
+            how.append(f"demoted to {activation['demoted_to']}")
+        if activation.get("error"):
+            how.append(f"error {activation['error'].get('code')}: {activation['error'].get('message')}")
+        lines.append(f"{'activation':14} {'active' if activation.get('active') else 'inactive'}"
+                     f"{_when(activation.get('at'))}" + (f" ({'; '.join(how)})" if how else ""))
+    for evidence in detail.get("post_eval_gate_evidence") or []:
+        lines.append(f"{'evidence':14} {evidence.get('outcome')}: accuracy {evidence.get('baseline_accuracy')} "
+                     f"({evidence.get('baseline_adapter') or 'base'}) -> {evidence.get('candidate_accuracy')} "
+                     f"(minimum {evidence.get('minimum_accuracy')}), improved {evidence.get('improved')} regressed "
+                     f"{evidence.get('regressed')} tied {evidence.get('tied')} of {evidence.get('paired_examples')}, "
+                     f"p {evidence.get('exact_sign_test_p_value')}, eval job {evidence.get('eval_job_id')}")
+    return lines
+
+
 def _final(status: dict, as_json: bool) -> int:
     if as_json:
         print_json(status)
@@ -181,13 +220,12 @@ def run(args) -> int:
     if args.job_id:
         if args.follow:
             return _final(follow_training(client, args.job_id), args.json)
-        status = client.get(f"/v1/train/status/{args.job_id}")
+        detail = client.get(f"/v1/train/jobs/{args.job_id}")  # the status fields, states and evidence
         if args.json:
-            print_json(status)
+            print_json(detail)
         else:
-            for key in ("job_id", "state", "progress", "current_loss", "adapter_name", "elapsed_secs", "error",
-                        "gate_outcome", "post_eval_verdict"):
-                print(f"{key:14} {status.get(key)}")
+            for line in detail_lines(detail):
+                print(line)
         return 0
     statuses = client.get("/v1/train/status")
     if args.json:

@@ -172,7 +172,9 @@ def test_the_training_jobs_activation_state_follows_the_promotion_that_activated
     requester, reviewer, _ = users()
     published(home, "inc", loaded=True)
     training = job_submit(kind="test.steps", payload={"steps": 1}, title="training cand")
-    Job.objects.filter(id=training.id).update(kind="training.grpo", state="completed", payload={
+    from django.utils import timezone
+
+    Job.objects.filter(id=training.id).update(kind="training.grpo", state="completed", finished_at=timezone.now(), payload={
         "route": "/v1/train/grpo", "adapter_name": "cand", "snapshot_path": "/nonexistent",
         "config": {"seed": "1", "output_name": "cand"}, "training_data": {"source": "inline"}})
     training = Job.objects.get(id=training.id)
@@ -186,3 +188,29 @@ def test_the_training_jobs_activation_state_follows_the_promotion_that_activated
     assert activation["active"] is True and activation["promotion_id"] == promotion.id
     assert activation["activation_job_id"] == str(applied.activation_job.uuid)
     assert activation["at"] == Job.objects.get(id=applied.activation_job_id).finished_at is not None
+    # `kiln train status --job-id` prints the three states with their times (README, "Promotion")
+    from kiln_project.cli.train_cmd import detail_lines
+
+    detail = client_for("reviewer").get(f"/v1/train/jobs/{training.uuid}").json()
+    lines = detail_lines(detail)
+    assert f"training       completed at {detail['states']['training']['at']}" in lines
+    assert "evaluation     none (no post_eval)" in lines
+    [shown] = [line for line in lines if line.startswith("activation ")]
+    assert shown == (f"activation     active at {detail['states']['activation']['at']} (promotion {promotion.id}; "
+                     f"activation job {applied.activation_job.uuid})")
+
+
+def test_train_status_prints_the_gates_evidence():
+    from kiln_project.cli.train_cmd import detail_lines
+
+    evidence = {"outcome": "promoted", "baseline_accuracy": 0.25, "baseline_adapter": None, "candidate_accuracy": 0.75,
+                "minimum_accuracy": 0.5, "improved": 9, "regressed": 1, "tied": 10, "paired_examples": 20,
+                "exact_sign_test_p_value": 0.0107, "eval_job_id": "e1"}
+    detail = {"job_id": "j1", "state": "completed", "gate_outcome": "promoted", "post_eval_gate_evidence": [evidence],
+              "states": {"training": {"state": "completed", "at": "T1"},
+                         "evaluation": {"job_id": "e1", "state": "completed", "outcome": "promoted", "at": "T2"},
+                         "activation": {"active": True, "at": "T3", "activation_job_id": None, "promotion_id": None}}}
+    lines = detail_lines(detail)
+    assert "evaluation     completed (promoted) at T2, job e1" in lines and "activation     active at T3" in lines
+    assert ("evidence       promoted: accuracy 0.25 (base) -> 0.75 (minimum 0.5), improved 9 regressed 1 tied 10 "
+            "of 20, p 0.0107, eval job e1") in lines
