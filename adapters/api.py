@@ -18,6 +18,7 @@ router = Router(tags=["adapters"])
 
 
 def _get_or_404(name: str):
+    services.validate_adapter_name(name, field="name")  # a malformed name is 400, not "not found"
     adapter = selectors.adapter_get(name=name)
     if adapter is None:
         raise KilnError("adapter_not_found", f"no adapter named {name!r}", status=404,
@@ -109,6 +110,14 @@ def unload_adapter(request, body: UnloadRequest):
     _get_or_404(body.name)
     adapter = services.adapter_unload(name=body.name, actor=request.user, reason=body.reason)
     return adapter_out(adapter, active_name=_active_name())
+
+
+@router.post("/merge", summary="Merge adapters (not implemented: 501)")
+def merge_adapters(request):
+    """Declared so that a merge request gets a clear answer instead of matching /{name} (405)."""
+    raise KilnError("not_implemented", "merging adapters is not implemented by this Kiln", status=501,
+                    hint="serve one adapter at a time (POST /v1/adapters/load), or train a new round from an "
+                         "accepted adapter with config.base_adapter")
 
 
 @router.get("/{name}", summary="One adapter")

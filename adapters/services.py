@@ -277,7 +277,7 @@ def adapter_upload(*, name: str, archive, size: int | None, actor=None, filename
     limit = settings.KILN.max_adapter_upload_bytes
     if size is not None and size > limit:
         raise too_large(limit, f"the archive ({size} bytes)")
-    exists = KilnError("adapter_exists", f"an adapter named {name!r} already exists", status=409, field="name",
+    exists = KilnError("adapter_already_exists", f"an adapter named {name!r} already exists", status=409, field="name",
                        hint="upload under a new versioned name, or delete the old one first")
     root = adapters_root()
     if Adapter.objects.filter(name=name).exists() or (root / name).exists() or adapter_checkpoints(name):

@@ -1,4 +1,5 @@
-"""/v1/config: the effective configuration of this process (no secrets)."""
+"""/v1/config: the effective configuration of this process (no secrets); and the one route of the
+spec this Kiln declares without implementing (judgments: 501 not_implemented)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from django.conf import settings
 from ninja import Router
 
+from core.errors import KilnError
 from core.jobs.kinds import registered_kinds
 
 router = Router(tags=["system"])
@@ -23,6 +25,17 @@ def get_config(request):
         "job_kinds": [{"name": k.name, "queue": k.queue, "category": k.category} for k in registered_kinds()],
         "kernels": kernel_selection(),
     }
+
+
+@router.post("judgments/{name}/{action}", summary="Compile or validate a judgment (not implemented: 501)")
+def judgments(request, name: str, action: str):
+    """LLM-judge rubrics are not part of this Kiln; held-out evaluation scores with suites' scorers."""
+    if action not in ("compile", "validate"):
+        raise KilnError("not_found", f"no route POST /v1/judgments/{{name}}/{action}", status=404,
+                        hint="POST /v1/judgments/{name}/compile or /validate")
+    raise KilnError("not_implemented", "judgments are not implemented by this Kiln", status=501,
+                    hint="score held-out work with an eval suite's scorer (exact, a registered scorer program): "
+                         "GET /v1/eval/suites")
 
 
 def kernel_selection() -> dict:

@@ -186,3 +186,18 @@ def test_transitions_are_append_only(home, peft_adapter):
     with pytest.raises(AdapterTransitionError):
         transition.delete()
     assert AdapterTransition.objects.get(id=transition.id).reason == "reserved"
+
+
+def test_malformed_names_are_400_and_unimplemented_routes_501(api, home):
+    for path in ("/v1/adapters/load", "/v1/adapters/unload"):
+        for name in ("bad name!", "../x", "base"):
+            error(send(api, "post", path, {"name": name}), 400, "invalid_adapter_name")
+    error(api.get("/v1/adapters/has%20space"), 400, "invalid_adapter_name")
+    error(api.get("/v1/adapters/fine-name"), 404, "adapter_not_found")
+    merge = error(send(api, "post", "/v1/adapters/merge", {"adapters": ["a", "b"]}), 501, "not_implemented")
+    assert "merging adapters" in merge
+    for action in ("compile", "validate"):
+        error(send(api, "post", f"/v1/judgments/rubric/{action}", {}), 501, "not_implemented")
+    error(send(api, "post", "/v1/judgments/rubric/explode", {}), 404, "not_found")
+    paths = api.get("/v1/openapi.json").json()["paths"]
+    assert "/v1/adapters/merge" in paths and "/v1/judgments/{name}/{action}" in paths

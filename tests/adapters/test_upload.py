@@ -184,9 +184,9 @@ def test_archives_over_the_quota_are_refused_packed_and_unpacked(api, home, peft
 def test_an_existing_name_a_bad_name_and_missing_fields_are_refused(api, home, peft_adapter, settings):
     publish(home, peft_adapter, "taken")
     before = registry_entries(home)
-    error(upload(api, "taken", folder_archive(peft_adapter)), 409, "adapter_exists")
+    error(upload(api, "taken", folder_archive(peft_adapter)), 409, "adapter_already_exists")
     (home / "adapters" / "stray").mkdir()  # a folder without a row still holds the name
-    error(upload(api, "stray", folder_archive(peft_adapter)), 409, "adapter_exists")
+    error(upload(api, "stray", folder_archive(peft_adapter)), 409, "adapter_already_exists")
     error(upload(api, "../up", folder_archive(peft_adapter)), 400, "invalid_adapter_name")
     error(api.post("/v1/adapters/upload", data={"name": "x"}), 400, "adapter_upload_invalid")
     assert registry_entries(home) == sorted([*before, "stray"])
