@@ -35,6 +35,11 @@ def post_eval_job(job: Job) -> Job | None:
     return Job.objects.filter(uuid=job_id).first() if job_id else None
 
 
+def _post_eval_result(job: Job) -> dict:
+    evaluation = post_eval_job(job)
+    return (evaluation.result or {}) if evaluation else {}
+
+
 def post_eval_state(job: Job) -> dict:
     """Training completion, evaluation and activation: three recorded states, each with its time."""
     evaluation = post_eval_job(job)
@@ -179,6 +184,9 @@ def training_detail(job: Job, *, strict_receipt: bool = False) -> dict:
     payload = GrpoJobPayload.of(job)
     adapter = Adapter.objects.filter(training_job=job).first()
     adapter_path = adapter.path if adapter and adapter.path else job.result.get("adapter_path")
+    demoted_to = _post_eval_result(job).get("demoted_to")
+    if adapter is None and demoted_to:  # the gate demoted it: the folder is `<name>.failed` now (§4.11)
+        adapter_path = demoted_to
     return {
         **training_status(job),
         "epoch": job.metrics.get("epoch"),

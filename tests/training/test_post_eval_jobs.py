@@ -119,6 +119,20 @@ def test_a_demoted_adapter_is_renamed_failed_and_leaves_the_registry(home):
     assert adapter_demote(name="bad") == home / "adapters" / "bad.failed.2" and not Path(again.path).exists()
 
 
+def test_a_demoted_adapters_job_points_at_its_failed_folder(home, django_capture_on_commit_callbacks):
+    training = _gated_training_with_a_changed_suite("cand4", home, django_capture_on_commit_callbacks,
+                                                    auto_load=False)
+    Job.objects.filter(id=training.id).update(result={**training.result,
+                                                      "adapter_path": str(home / "adapters" / "cand4")})
+    training.refresh_from_db()
+    moved = adapter_demote(name="cand4")
+    evaluation = Job.objects.get(uuid=training.result["post_eval_job_id"])
+    Job.objects.filter(id=evaluation.id).update(result={**evaluation.result, "demoted_to": str(moved)})
+    detail = training_detail(training)
+    assert detail["adapter_path"] == str(moved) and Path(detail["adapter_path"]).is_dir()
+    assert detail["states"]["activation"]["demoted_to"] == str(moved)
+
+
 def test_the_training_job_page_shows_the_three_states_and_the_gate(home, django_capture_on_commit_callbacks):
     from django.test import Client
 
