@@ -24,6 +24,7 @@ from evaluations.suite_selectors import suite_document, suite_get
 
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
 SHOWN_OVERLAPS = 5
+OVERLAP_SEARCH_LIMIT = 20  # overlaps looked for before refusing: enough to name, not to list them all
 
 
 def submitted_rows(body: dict, provenance: dict) -> list[dict]:
@@ -44,10 +45,12 @@ def check_post_eval(post_eval: PostEvalConfig, rows: list[dict]) -> dict:
                         hint="install it first: kiln eval suites create FILE, or synthesize one from a dataset")
     if post_eval.data_scope == "held-out":
         examples = suite_document(suite=suite)["examples"]
-        overlaps = find_overlaps(rows, examples, limit=20)
+        overlaps = find_overlaps(rows, examples, limit=OVERLAP_SEARCH_LIMIT)
         if overlaps:
             shown = "; ".join(f"{o.field} ~ example {o.example_id!r} ({o.kind})" for o in overlaps[:SHOWN_OVERLAPS])
-            more = f" and {len(overlaps) - SHOWN_OVERLAPS} more" if len(overlaps) > SHOWN_OVERLAPS else ""
+            at_least = "at least " if len(overlaps) >= OVERLAP_SEARCH_LIMIT else ""  # the search stops there
+            more = (f" and {at_least}{len(overlaps) - SHOWN_OVERLAPS} more"
+                    if len(overlaps) > SHOWN_OVERLAPS else "")
             raise KilnError("eval_train_overlap", f"post_eval.suite: suite {suite.name!r} overlaps the training "
                             f"data: {shown}{more}", status=400, field="post_eval.suite",
                             hint="evaluate on held-out rows (a dataset's holdout partition), or use "

@@ -177,7 +177,11 @@ def _linked_eval_job_ids(job: Job) -> list[str]:
     if evaluation is None:
         return []
     linked = (evaluation.result or {}).get("linked_eval_job_ids")
-    return linked if linked else [str(evaluation.metrics["eval_job_id"])] if evaluation.metrics.get("eval_job_id") else []
+    linked = linked if linked else [str(evaluation.metrics["eval_job_id"])] if evaluation.metrics.get("eval_job_id") else []
+    # a deleted eval job is no longer one to follow (its id stays in the gate evidence, the record)
+    kept = {str(uuid) for uuid in Job.objects.filter(uuid__in=linked, deleted_at__isnull=True)
+            .values_list("uuid", flat=True)}
+    return [job_id for job_id in linked if job_id in kept]
 
 
 def training_detail(job: Job, *, strict_receipt: bool = False) -> dict:

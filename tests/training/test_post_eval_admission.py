@@ -48,6 +48,15 @@ def test_an_overlapping_prompt_is_refused_and_named(api, home, content, kind):
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("overlapping, tail", [(7, " and 2 more"), (25, " and at least 15 more")])
+def test_the_overlap_count_says_when_the_search_stopped(api, home, overlapping, tail):
+    _suite("many", [_example(i, f"What is {i} + {i}?") for i in range(1, overlapping + 1)])
+    body = {"groups": [group(i) for i in range(1, overlapping + 1)], "config": {"output_name": "many-r001"},
+            "post_eval": {"suite": "many"}}
+    message = error(_train(api, body), 400, "eval_train_overlap")
+    assert message.count(" ~ example ") == 5 and message.endswith(tail), message
+
+
 def test_the_system_message_does_not_hide_an_overlap(api, home):
     _suite("sys", [{"id": "s1", "messages": [{"role": "system", "content": "Be brief."},
                                              {"role": "user", "content": "What is 4 + 4?"}], "target": "8"}])

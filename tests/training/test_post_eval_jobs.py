@@ -171,3 +171,24 @@ def test_a_post_eval_that_died_before_deciding_is_the_gates_error(home, django_c
     assert detail["gate_outcome"] == "error"
     assert "ended failed before the gate decided (job_interrupted: " in detail["post_eval_verdict"]
     assert Adapter.objects.get(name="cand3").loaded is False
+
+
+def test_a_deleted_eval_job_is_no_longer_linked(home):
+    from django.utils import timezone
+
+    def row(kind, result):
+        job = job_submit(kind="test.steps", payload={"steps": 1}, title=kind)
+        Job.objects.filter(id=job.id).update(kind=kind, state="completed", result=result)
+        return Job.objects.get(id=job.id)
+
+    evaluation = row("eval.run", {})
+    post = row("training.post_eval", {"linked_eval_job_ids": [str(evaluation.uuid)], "gate_outcome": "kept"})
+    training = _training_job("lnk")
+    Job.objects.filter(id=training.id).update(
+        payload={"route": "/v1/train/grpo", "adapter_name": "lnk", "snapshot_path": "/nonexistent",
+                 "config": {"seed": "1", "output_name": "lnk"}, "training_data": {"source": "inline"}},
+        result={"post_eval_job_id": str(post.uuid)})
+    training.refresh_from_db()
+    assert training_detail(training)["linked_eval_job_ids"] == [str(evaluation.uuid)]
+    Job.objects.filter(id=evaluation.id).update(deleted_at=timezone.now())  # DELETE /v1/eval/jobs/{id}
+    assert training_detail(training)["linked_eval_job_ids"] == []
