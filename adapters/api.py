@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.http import StreamingHttpResponse
-from ninja import File, Form, Router, Schema, UploadedFile
+from ninja import Body, File, Form, Router, Schema, UploadedFile
 
 from adapters import selectors, services
 from adapters.schemas import LoadRequest, UnloadRequest, adapter_detail_out, adapter_out
@@ -113,7 +113,7 @@ def unload_adapter(request, body: UnloadRequest):
 
 
 @router.post("/merge", summary="Merge adapters (not implemented: 501)")
-def merge_adapters(request):
+def merge_adapters(request, body: dict = Body(default_factory=dict)):  # noqa: B008
     """Declared so that a merge request gets a clear answer instead of matching /{name} (405)."""
     raise KilnError("not_implemented", "merging adapters is not implemented by this Kiln", status=501,
                     hint="serve one adapter at a time (POST /v1/adapters/load), or train a new round from an "

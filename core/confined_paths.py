@@ -23,8 +23,10 @@ class PathRefused(ValueError):
     def __init__(self, field: str, roots: tuple[Path, ...]):
         self.field = field
         self.message = (f"{field}: not a readable file under the allowed roots "
-                        f"({', '.join(str(r) for r in roots) or 'none configured'})")
-        self.hint = f"put the file under one of them, or add its folder to {ROOTS_SETTING} and restart"
+                        f"({', '.join(str(r) for r in roots) or 'none configured'}): it is missing, not a "
+                        "regular readable file, or outside them")
+        self.hint = ("check that the path names an existing, readable file (realpath FILE); if it lies outside "
+                     f"the roots, put it under one of them, or add its folder to {ROOTS_SETTING} and restart")
         super().__init__(self.message)
 
 

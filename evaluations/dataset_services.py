@@ -44,6 +44,8 @@ def dataset_exists_error(name: str) -> KilnError:
 
 
 def validate_dataset_name(name) -> str:
+    if name is None or (isinstance(name, str) and not name.strip()):
+        raise invalid("a dataset name is required", "name", "e.g. -F name=math-train-v1")
     try:
         return check_name(name)
     except SuiteError as exc:

@@ -7,7 +7,7 @@ import importlib.util
 import os
 
 from django.conf import settings
-from ninja import Router
+from ninja import Body, Router
 
 from core.errors import KilnError
 from core.jobs.kinds import registered_kinds
@@ -28,7 +28,7 @@ def get_config(request):
 
 
 @router.post("judgments/{name}/{action}", summary="Compile or validate a judgment (not implemented: 501)")
-def judgments(request, name: str, action: str):
+def judgments(request, name: str, action: str, body: dict = Body(default_factory=dict)):  # noqa: B008
     """LLM-judge rubrics are not part of this Kiln; held-out evaluation scores with suites' scorers."""
     if action not in ("compile", "validate"):
         raise KilnError("not_found", f"no route POST /v1/judgments/{{name}}/{action}", status=404,

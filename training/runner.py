@@ -50,6 +50,13 @@ class ProgressRecorder:
         self.started = time.monotonic()
 
     def __call__(self, figures: dict) -> None:
+        if "restored_loss_history" in figures:  # a resumed run: its steps before the checkpoint
+            self._restore(figures["restored_loss_history"])
+            return
+        if "checkpoint_error" in figures:  # not a step: kept for the job detail, the run goes on
+            self.metrics["checkpoint_error"] = str(figures["checkpoint_error"])
+            self.ctx.report_progress(self.metrics.get("progress") or 0.0, "checkpoint failed", metrics=self.metrics)
+            return
         step = figures.get("step")
         for key, history in HISTORY_KEYS.items():
             if key in figures:
@@ -64,6 +71,16 @@ class ProgressRecorder:
         if isinstance(scalars.get("loss"), float):
             message += f" loss {scalars['loss']:.4f}"
         self.ctx.report_progress(figures.get("progress", 0.0), message, metrics=self.metrics)
+
+
+    def _restore(self, points: list[dict]) -> None:
+        """The loss and KL curves of a resumed run's steps before its checkpoint (per step, from the
+        checkpoint's ledger; the reward curve is per group and starts at the resume)."""
+        self.metrics["loss_history"] = downsampled([
+            {"step": p.get("step"), "loss": _finite(p.get("loss")), "epoch": p.get("epoch", 0),
+             "progress": _finite(p.get("progress")), "elapsed_secs": p.get("elapsed_secs")} for p in points])
+        self.metrics["kl_history"] = downsampled([{"step": p.get("step"), "kl_mean": _finite(p.get("kl_mean"))}
+                                                  for p in points if p.get("kl_mean") is not None])
 
 
 def _record_failure_receipt(path: Path, name: str, job) -> None:

@@ -131,6 +131,9 @@ class TrainingDetail(TrainingStatus):
     reward_history: list[dict] = []
     kl_history: list[dict] = []
     train_receipt: dict | None = None
+    replay_request: dict | None = None  # {route, body}: this training again (None for inline groups)
+    checkpoint_error: str | None = None  # the newest checkpoint that failed to publish
+    metadata_error: str | None = None  # why the receipt or the latest checkpoint could not be read
     latest_checkpoint: dict | None = None  # {resume_checkpoint, checkpoint_id, global_step, ...}
     effective_config: dict | None = None
     # {field: "request" | "server_defaults" | "default"} for effective_config, and the server's table.

@@ -134,12 +134,13 @@ def training_status(job: Job) -> dict:
     }
 
 
-def _receipt(adapter_path: str | None, job: Job, *, strict: bool) -> dict | None:
-    """The job's train receipt: the published adapter's, or the failure receipt a job that failed
-    or was cancelled after admission left under training/receipts/.
+def _receipt(adapter_path: str | None, job: Job, *, strict: bool) -> tuple[dict | None, str | None]:
+    """(the job's train receipt, why it could not be read): the published adapter's, or the failure
+    receipt a job that failed or was cancelled after admission left under training/receipts/.
 
-    Receipt writes are not atomic (spec §2.9): one caught half-written reads as None, or raises
-    its OSError/ValueError when `strict` (the job page says so instead of showing nothing)."""
+    Receipt writes are not atomic (spec §2.9): one caught half-written reads as None with the reason
+    (the detail's metadata_error), or raises its OSError/ValueError when `strict` (the job page says
+    so instead of showing nothing)."""
     from django.conf import settings
 
     candidates = [(job.result or {}).get("receipt_path")] + ([str(Path(adapter_path) / "train_receipt.json")]
@@ -149,27 +150,49 @@ def _receipt(adapter_path: str | None, job: Job, *, strict: bool) -> dict | None
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
             try:
-                return json.loads(Path(candidate).read_text())
-            except (OSError, ValueError):
+                return json.loads(Path(candidate).read_text()), None
+            except (OSError, ValueError) as exc:
                 if strict:
                     raise
-                return None
-    return None
+                return None, f"{Path(candidate).name} could not be read ({type(exc).__name__}: {exc})"
+    return None, None
 
 
-def _latest_checkpoint(job: Job) -> dict | None:
-    """The spec's latest_checkpoint object for the newest checkpoint the job published, from its
-    manifest (`resume_checkpoint` is the name to resume from); None when there is none, or when it
-    was pruned (checkpoint_keep_last) or cannot be read."""
+def _latest_checkpoint(job: Job) -> tuple[dict | None, str | None]:
+    """(the spec's latest_checkpoint object for the newest checkpoint the job published, from its
+    manifest (`resume_checkpoint` is the name to resume from), why it could not be read): None when
+    there is none or it was pruned (checkpoint_keep_last), with a reason when its manifest is unreadable."""
     from core.artifacts import describe_checkpoint
 
     path = (job.result or {}).get("latest_checkpoint") or job.metrics.get("latest_checkpoint")
-    if not path:
-        return None
+    if not path or not Path(path).exists():
+        return None, None
     try:
-        return describe_checkpoint(Path(path))
-    except (OSError, ValueError, KeyError, TypeError):
+        return describe_checkpoint(Path(path)), None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"checkpoint {Path(path).name} could not be read ({type(exc).__name__}: {exc})"
+
+
+def _replay_request(payload: GrpoJobPayload) -> dict | None:
+    """The POST that trains this job again on the same data with its effective config (seed included):
+    {route, body}. None for inline groups, which are kept only as the job's private snapshot."""
+    data = payload.training_data or {}
+    if data.get("source") == "dataset_path" and data.get("path"):
+        source = {"dataset_path": data["path"]}
+    elif data.get("source") == "named_dataset" and data.get("dataset"):
+        source = {"dataset": data["dataset"], "dataset_split": data.get("split") or "train"}
+    else:
         return None
+    body = {**source, "config": payload.config.to_dict()}
+    if payload.post_eval is not None:
+        body["post_eval"] = payload.post_eval.to_dict()
+    return {"route": payload.route, "body": body}
+
+
+def _checkpoint_error(job: Job, receipt: dict | None) -> str | None:
+    """The newest checkpoint that failed to publish (the run went on without it), live or from the receipt."""
+    errors = ((receipt or {}).get("checkpoint_errors") or [])
+    return errors[-1] if errors else job.metrics.get("checkpoint_error")
 
 
 def _linked_eval_job_ids(job: Job) -> list[str]:
@@ -191,6 +214,8 @@ def training_detail(job: Job, *, strict_receipt: bool = False) -> dict:
     demoted_to = _post_eval_result(job).get("demoted_to")
     if adapter is None and demoted_to:  # the gate demoted it: the folder is `<name>.failed` now (§4.11)
         adapter_path = demoted_to
+    receipt, receipt_error = _receipt(adapter_path, job, strict=strict_receipt)
+    checkpoint, checkpoint_error = _latest_checkpoint(job)
     return {
         **training_status(job),
         "epoch": job.metrics.get("epoch"),
@@ -203,8 +228,11 @@ def training_detail(job: Job, *, strict_receipt: bool = False) -> dict:
         "loss_history": job.metrics.get("loss_history", []),
         "reward_history": job.metrics.get("reward_history", []),
         "kl_history": job.metrics.get("kl_history", []),
-        "train_receipt": _receipt(adapter_path, job, strict=strict_receipt),
-        "latest_checkpoint": _latest_checkpoint(job),
+        "train_receipt": receipt,
+        "replay_request": _replay_request(payload),
+        "checkpoint_error": _checkpoint_error(job, receipt),
+        "metadata_error": "; ".join(e for e in (receipt_error, checkpoint_error) if e) or None,
+        "latest_checkpoint": checkpoint,
         "effective_config": payload.config.to_dict(),  # built-in <- [training.defaults] <- the request
         "config_sources": payload.config_sources or None,
         "server_training_defaults": payload.server_training_defaults,

@@ -64,7 +64,8 @@ def _read_dataset_path(value) -> tuple[AdmittedCorpus, dict]:
     try:
         corpus = admit_jsonl(data)
     except GroupError as exc:
-        raise _invalid(str(exc).split(": ", 1)[1], f"dataset_path {exc.field}") from None
+        where = exc.field if exc.field.startswith("dataset_path") else f"dataset_path {exc.field}"
+        raise _invalid(str(exc).split(": ", 1)[1], where) from None
     return corpus, {"source": "dataset_path", "path": value}
 
 

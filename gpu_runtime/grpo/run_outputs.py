@@ -100,6 +100,7 @@ class RunOutputs:
                               "progress": step / max(self.total_steps, 1), "latest_checkpoint": str(path)})
         except TrainingError as exc:
             self.checkpoint_errors.append(exc.message)
+            self.on_progress({"checkpoint_error": exc.message})  # job detail's checkpoint_error, while it runs
         self.timings["checkpoint_ms"] += (time.perf_counter() - started) * 1000.0
 
     # ---- finish -----------------------------------------------------------------------------

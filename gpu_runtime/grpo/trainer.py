@@ -291,6 +291,8 @@ class _Run(RunOutputs):
                 "checkpoint_id": manifest["checkpoint_id"],
                 "global_step": manifest["progress"]["global_step"],
             }
+            # the job's live curves start from the restored history, as the receipt's does
+            self.on_progress({"restored_loss_history": list(self.ledger.loss_history)})
         elif ema is not None:
             ema = {k: v.to(self.device) for k, v in ema.items()}
         self.stepper = GroupStepper(

@@ -150,6 +150,8 @@ def test_request_errors(api, home):
     assert "name" in error(upload(api, "../evil", b'{"a": 1}\n', fmt="raw"), 400, "eval_invalid_request")
     assert "name" in error(upload(api, "x" * 65, b'{"a": 1}\n', fmt="raw"), 400, "eval_invalid_request")
     assert "format" in error(upload(api, "ok", b'{"a": 1}\n', fmt="csv"), 400, "eval_invalid_request")
+    assert error(upload(api, "", b'{"a": 1}\n', fmt="raw"), 400, "eval_invalid_request") == \
+        "name: a dataset name is required"
     missing = api.post("/v1/eval/datasets/upload", data={"name": "ok", "format": "raw"})
     assert "file" in error(missing, 400, "eval_invalid_request")
     assert "no rows" in error(upload(api, "ok", b"\n\n", fmt="raw"), 400, "dataset_invalid")

@@ -38,6 +38,14 @@ def test_resume_is_exact(tiny_model_dir, tmp_path, one_thread, optimizer):
         )
     )
     assert resumed.final_step == 5 and resumed.receipt["resumed_from"]["global_step"] == 3
+    # the live progress starts with the restored steps (a job's curves then show the whole run)
+    import shutil
+
+    restored = []
+    shutil.copytree(ckpt, tmp_path / "again" / ckpt.name)
+    run(train_request(tiny_model_dir, groups, tmp_path / "again", "math", **settings, resume_checkpoint=ckpt.name),
+        progress=restored)
+    assert [p["step"] for p in restored[0]["restored_loss_history"]] == [1, 2, 3]
 
     one = (whole.adapter_path / "adapter_model.safetensors").read_bytes()
     two = (resumed.adapter_path / "adapter_model.safetensors").read_bytes()
@@ -155,8 +163,10 @@ def test_checkpoint_names_are_immutable(tiny_model_dir, tmp_path, one_thread):
     run(train_request(tiny_model_dir, fixed_groups(1), tmp_path, "imm", checkpoint_interval=1))
     request = train_request(tiny_model_dir, fixed_groups(1), tmp_path, "imm-b", checkpoint_interval=1)
     request.adapter_name = "imm"  # a second run of the same adapter name and step
-    result = run(request)
+    progress = []
+    result = run(request, progress=progress)
     assert result.checkpoints == [] and "already exists" in result.checkpoint_errors[0]
+    assert [f["checkpoint_error"] for f in progress if "checkpoint_error" in f] == result.checkpoint_errors
     assert result.receipt["checkpoint_errors"] == result.checkpoint_errors
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path, "imm")] == [1]
 

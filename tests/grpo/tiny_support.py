@@ -164,9 +164,9 @@ def run(request, *, stop_after: int | None = None, progress: list | None = None,
     return train_grpo(
         request,
         on_progress=seen.append,
-        # Count group reports only (a checkpoint also reports progress, naming itself).
+        # Count group reports only (a checkpoint, a failed checkpoint and a resume report too).
         should_stop=lambda: stop_after is not None
-        and sum(1 for figures in seen if "latest_checkpoint" not in figures) >= stop_after,
+        and sum(1 for figures in seen if "groups_done" in figures) >= stop_after,
         gpu_writer=gpu_writer,
     )
 

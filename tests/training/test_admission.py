@@ -63,6 +63,8 @@ def test_dataset_path_is_read_by_the_server_and_validated_in_full(api, tmp_path)
     path.write_text(json.dumps(GROUP) + "\n" + '{"messages": [], "completions": []}\n')
     message = _error(_post(api, {"dataset_path": str(path), "config": {"output_name": "bad-file"}}), 400)
     assert "groups[1].messages (line 2)" in message  # 0-based JSON path, and the line
+    path.write_text("")
+    assert _error(_post(api, {"dataset_path": str(path)}), 400).startswith("dataset_path: the file holds no groups")
     assert "absolute" in _error(_post(api, {"dataset_path": "rel/groups.jsonl"}), 400)
     assert "not a readable file" in _error(_post(api, {"dataset_path": str(tmp_path / "nope.jsonl")}), 400)
 
@@ -184,3 +186,43 @@ def test_a_cancelled_training_job_reads_failed_on_the_training_routes(api, djang
     [listed] = [s for s in api.get("/v1/train/status").json() if s["job_id"] == job_id]
     assert listed["state"] == "failed"
     assert api.get(f"/v1/jobs/{job_id}").json()["state"] == "cancelled"
+
+
+def test_the_detail_carries_a_replay_request_that_trains_the_same_data_again(api, tmp_path):
+    path = tmp_path / "groups.jsonl"
+    path.write_text(json.dumps(GROUP) + "\n")
+    first = _post(api, {"dataset_path": str(path), "config": {"output_name": "again-r001", "seed": 3}}).json()
+    detail = api.get(f"/v1/train/jobs/{first['job_id']}").json()
+    job = Job.objects.get(uuid=first["job_id"])
+    replay = detail["replay_request"]
+    assert replay == {"route": "/v1/train/grpo", "body": {"dataset_path": str(path), "config": job.payload["config"]}}
+    assert detail["checkpoint_error"] is None and detail["metadata_error"] is None
+    body = {**replay["body"], "config": {**replay["body"]["config"], "output_name": "again-r002"}}
+    second = Job.objects.get(uuid=_post(api, body, replay["route"]).json()["job_id"])
+    assert {**second.payload["config"], "output_name": "again-r001"} == job.payload["config"]
+    assert second.payload["training_data"]["admitted_corpus_sha256"] == \
+        job.payload["training_data"]["admitted_corpus_sha256"]
+    inline = _post(api, {"groups": [GROUP], "config": {"output_name": "inline-r001"}}).json()
+    assert api.get(f"/v1/train/jobs/{inline['job_id']}").json()["replay_request"] is None
+
+
+def test_a_failed_checkpoint_and_a_resumes_history_reach_the_job_detail(api):
+    from training.runner import ProgressRecorder
+
+    response = _post(api, {"groups": [GROUP], "config": {"output_name": "ck-r001"}}).json()
+    job = Job.objects.get(uuid=response["job_id"])
+
+    class Context:
+        def report_progress(self, progress, message, metrics):
+            Job.objects.filter(id=job.id).update(metrics=metrics)
+
+    recorder = ProgressRecorder(Context())
+    restored = [{"step": s, "loss": 0.5 / s, "epoch": 0, "progress": s / 4, "kl_mean": 0.01 * s,
+                 "elapsed_secs": float(s)} for s in (1, 2)]
+    recorder({"restored_loss_history": restored})
+    recorder({"step": 3, "total_steps": 4, "progress": 0.75, "loss": 0.1, "reward_mean": 0.5, "kl_mean": 0.03})
+    recorder({"checkpoint_error": "checkpoint ck-r001-checkpoint-step-00000003 already exists"})
+    detail = api.get(f"/v1/train/jobs/{job.uuid}").json()
+    assert [p["step"] for p in detail["loss_history"]] == [1, 2, 3]
+    assert [p["kl_mean"] for p in detail["kl_history"]] == [0.01, 0.02, 0.03]
+    assert detail["checkpoint_error"] == "checkpoint ck-r001-checkpoint-step-00000003 already exists"

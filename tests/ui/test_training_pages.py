@@ -321,6 +321,7 @@ def test_a_half_written_receipt_does_not_break_the_pages(operator_client, operat
     assert adapter.status_code == 200 and "the receipt could not be read" in adapter.content.decode()
     api = operator_client.get(f"/v1/train/jobs/{job.uuid}")  # the API reads it as not there yet, not a 500
     assert api.status_code == 200 and api.json()["train_receipt"] is None and api.json()["job_id"] == str(job.uuid)
+    assert api.json()["metadata_error"].startswith("train_receipt.json could not be read (JSONDecodeError")
 
 
 # ---- adapters ---------------------------------------------------------------------------------
