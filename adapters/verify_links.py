@@ -106,6 +106,32 @@ def _train_output(chain: Chain):
               chain.content_sha256)
 
 
+@register_link("adapter_manifest.file")
+def _manifest_file(chain: Chain):
+    from adapters.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
+
+    path = chain.folder / MANIFEST_FILE
+    if not path.exists() and not path.is_symlink():  # adapters published before manifests were written
+        return ok("adapter_manifest.file", f"no {MANIFEST_FILE} (published before manifests); the receipt "
+                  "row and file carry the chain")
+    try:
+        manifest = json.loads(path.read_bytes())
+        receipt_hash = sha256_digest((chain.folder / "train_receipt.json").read_bytes())
+    except (OSError, ValueError) as exc:
+        return broken("adapter_manifest.file", f"{path} cannot be read: {exc}")
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
+        return broken("adapter_manifest.file", f"{path} is not a {MANIFEST_SCHEMA}")
+    if manifest.get("receipt_hash") != receipt_hash:
+        return broken("adapter_manifest.file", f"{MANIFEST_FILE}'s receipt_hash is {manifest.get('receipt_hash')}, "
+                      f"train_receipt.json hashes to {receipt_hash}", manifest.get("receipt_hash"), receipt_hash)
+    if manifest.get("content_sha256") != chain.content_sha256 or manifest.get("adapter_name") != chain.name:
+        return broken("adapter_manifest.file", f"{MANIFEST_FILE} names {manifest.get('adapter_name')!r} "
+                      f"{manifest.get('content_sha256')}, the folder holds {chain.name!r} {chain.content_sha256}",
+                      chain.content_sha256, manifest.get("content_sha256"))
+    return ok("adapter_manifest.file", f"{MANIFEST_FILE} binds these files to train_receipt.json ({receipt_hash})",
+              receipt_hash, receipt_hash)
+
+
 LINEAGE_KEYS = ("dataset", "split", "dataset_corpus_sha256", "split_manifest_sha256")
 
 

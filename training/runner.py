@@ -144,6 +144,8 @@ def run_grpo_job(ctx) -> dict:
     receipt = result.receipt
     smoke_passed = bool((receipt.get("adapter_smoke_test") or {}).get("passed", True))
     content_digest = manifest_digest(file_manifest(result.adapter_path, adapter_files(result.adapter_path)))
+    _write_manifest(result.adapter_path, name=name, content_sha256=content_digest, receipt=receipt, job=ctx.job,
+                    payload=payload)
     gate_pending = payload.gate_pending
     with transaction.atomic():  # the adapter row and its receipt row appear together
         adapter = adapter_publish(
@@ -163,6 +165,19 @@ def run_grpo_job(ctx) -> dict:
                                              auto_load=bool(config.auto_load and smoke_passed))
     return {**summary, "adapter_path": str(result.adapter_path), "loaded": adapter.loaded, **activation,
             "post_eval_job_id": str(post_eval_job.uuid) if post_eval_job else None}
+
+
+def _write_manifest(folder: Path, *, name: str, content_sha256: str, receipt: dict, job, payload) -> None:
+    """adapter_manifest.json next to the weights, bound to the exact train_receipt.json bytes (§2.9)."""
+    from adapters.manifest import MANIFEST_FILE, manifest_bytes
+    from core.artifacts import write_file
+
+    data = manifest_bytes(folder, name=name, content_sha256=content_sha256,
+                          receipt_bytes=(Path(folder) / "train_receipt.json").read_bytes(),
+                          base_model_sha256=(receipt.get("model") or {}).get("base_model_sha256"),
+                          base_adapter=payload.config.base_adapter, training_job_id=str(job.uuid),
+                          admitted_corpus_sha256=payload.training_data.get("admitted_corpus_sha256"))
+    write_file(Path(folder) / MANIFEST_FILE, data, mode=0o644)
 
 
 def _auto_load(job, name: str) -> dict:

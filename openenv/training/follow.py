@@ -11,7 +11,7 @@ published the adapter and queued its post-eval) → `environment_evaluating` whe
 at stage `training` with the job's code (an interrupted worker: `run_interrupted` at
 `restoration`, retryable), a cancelled job cancels the run. On publication the run's artifacts gain
 `train_receipt` (the adapter's receipt file, checked against the admitted corpus and the output
-name) and `adapter_manifest` (`kiln.openenv-adapter-manifest.v1`: name, content digest, files,
+name) and `adapter_manifest` (`kiln.adapter-manifest.v1`, adapters.manifest: name, content digest, files,
 the receipt's sha256 as `receipt_hash`), written into the run directory. Imports no torch.
 """
 
@@ -23,13 +23,14 @@ import os
 import stat
 from pathlib import Path
 
+from adapters.manifest import MANIFEST_FILE
+from adapters.manifest import manifest_bytes as build_manifest
 from core.canonical import sha256_digest
-from core.content_identity import adapter_content_sha256, adapter_files, file_manifest
+from core.content_identity import adapter_content_sha256
 from openenv.models import TRAINING_STATES, OpenEnvRun, RunState
 
 log = logging.getLogger(__name__)
 
-MANIFEST_SCHEMA = "kiln.openenv-adapter-manifest.v1"
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
 FOLLOWED_KINDS = ("training.grpo", "training.post_eval")
 FOLLOWED_EVENTS = ("running", "completed", "failed", "cancelled")
@@ -94,15 +95,13 @@ def _adapter_artifacts(run: OpenEnvRun, job) -> list[dict]:
     digest = adapter_content_sha256(folder)
     if digest != adapter.content_sha256:
         raise EvidenceInvalid(f"adapter {name!r} no longer holds its published bytes")
-    manifest_path = folder / "adapter_manifest.json"
+    manifest_path = folder / MANIFEST_FILE  # written at publication (adapters.manifest)
     if manifest_path.exists() or manifest_path.is_symlink():
         manifest_bytes = _read_source(manifest_path)
-    else:
-        manifest = {"schema": MANIFEST_SCHEMA, "adapter_name": name, "content_sha256": digest,
-                    "base_model_sha256": adapter.base_model_sha256 or None, "base_adapter": adapter.base_adapter or None,
-                    "files": file_manifest(folder, adapter_files(folder)), "receipt_hash": sha256_digest(receipt_bytes),
-                    "training_job_id": str(job.uuid), "admitted_corpus_sha256": corpus}
-        manifest_bytes = (json.dumps(manifest, indent=2) + "\n").encode()
+    else:  # an adapter published before manifests were written
+        manifest_bytes = build_manifest(folder, name=name, content_sha256=digest, receipt_bytes=receipt_bytes,
+                                        base_model_sha256=adapter.base_model_sha256, base_adapter=adapter.base_adapter,
+                                        training_job_id=str(job.uuid), admitted_corpus_sha256=corpus)
     directory = run_dir_for(run)
     out = []
     for kind, data in (("train_receipt", receipt_bytes), ("adapter_manifest", manifest_bytes)):

@@ -16,6 +16,7 @@ import pytest
 
 from adapters.models import Adapter
 from adapters.verify import verify_adapter
+from core.canonical import sha256_digest
 from core.jobs.models import Job
 from core.models import Receipt
 from kiln_project.cli.adapters_verify_cmd import run_verify
@@ -81,7 +82,7 @@ def test_the_trained_chain_verifies_and_each_tamper_names_its_link(trained, api,
     assert served == json.loads(json.dumps(report.to_dict())) and served["ok"] is True
     assert run_verify(Namespace(name="chain-r001", json=False, url=None), client=ApiClient(api)) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("ok      adapter.row") and "all 16 links verify" in out[-1]
+    assert out[0].startswith("ok      adapter.row") and "all 17 links verify" in out[-1]
     folder = Path(trained.path)
 
     # (a) one byte of the weights
@@ -101,6 +102,18 @@ def test_the_trained_chain_verifies_and_each_tamper_names_its_link(trained, api,
     body["hyperparameters"]["learning_rate"] = 1.0
     receipt_file.write_text(json.dumps(body))
     assert _first()[0] == "train_receipt.file"
+    restore()
+
+    # (b2) the adapter manifest written at publication binds the exact receipt bytes
+    manifest_file = folder / "adapter_manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    assert manifest["schema"] == "kiln.adapter-manifest.v1" and manifest["content_sha256"] == trained.content_sha256
+    assert manifest["receipt_hash"] == sha256_digest(receipt_file.read_bytes())
+    assert manifest["training_job_id"] == str(trained.training_job.uuid)
+    restore = _restoring(manifest_file)
+    manifest_file.write_text(json.dumps({**manifest, "receipt_hash": "sha256:" + "1" * 64}))
+    link, detail = _first()
+    assert link == "adapter_manifest.file" and "receipt_hash" in detail
     restore()
 
     # (c) the receipt row, behind the model's back
