@@ -196,7 +196,7 @@ def test_a_real_post_eval_gives_lengths_and_samples_and_a_length_explosion_is_fl
         assert (sample["candidate_outcome"], sample["incumbent_outcome"]) == ("pass", "fail")
 
     assert evidence["kl_to_reference"]["value"] == pytest.approx(0.045)
-    assert evidence["kl_to_reference"]["statistic"] == "last_quarter_mean_magnitude"
+    assert evidence["kl_to_reference"]["statistic"] == "last_quarter_mean"
     assert evidence["policy_audit"]["kl"]["step_max"] == 0.05 and evidence["policy_audit"]["kl_estimator"] == "k1"
     assert evidence["policy_audit"]["clip"]["outside_fraction"] == pytest.approx(0.25)
     hist = evidence["reward_histogram"]
@@ -210,7 +210,7 @@ def test_a_real_post_eval_gives_lengths_and_samples_and_a_length_explosion_is_fl
     _print_detail(promotion_out(promotion, detail=True))  # kiln promotions show
     shown = capsys.readouterr().out
     assert "ALARM: completion lengths exploded" in shown
-    assert "KL to reference: 0.045 nats/token (last_quarter_mean_magnitude" in shown and "bound 0.5" in shown
+    assert "KL to reference: 0.045 nats/token (last_quarter_mean" in shown and "bound 0.5" in shown
     assert "held-out lengths: candidate mean 18 / median 18 over 24, incumbent mean 3 / median 3 over 24" in shown
     assert "ratio 6; allowed 0.5..2" in shown and "clipped ratios: 0.25 of 64" in shown
     assert "  q00: What is 0 + 0?" in shown and "    incumbent [fail]: It is 1." in shown
@@ -240,19 +240,6 @@ def test_the_kl_alarm_needs_no_gate(home):
     assert promotion.state == "pending" and promotion.alarms == [alarm]
     calm, _ = trained(home, "calm", kls=LOW_KL)
     assert promotion_alarms(promotion_evidence(adapter=calm)) == []
-
-
-def test_a_collapsed_policys_negative_k1_mean_raises_the_alarm(home):
-    """k1 on tokens the reference sampled estimates -KL(ref||policy): a collapse reads large and negative."""
-    collapsed = [-0.4, -1.0, -3.0, -9.0, -15.0, -20.0, -26.0, -28.42]  # last quarter mean -27.21
-    adapter, _ = trained(home, "collapsed", kls=collapsed)
-    kl = promotion_evidence(adapter=adapter)["kl_to_reference"]
-    assert kl["value"] == pytest.approx(27.21) and kl["signed_value"] == pytest.approx(-27.21)
-    assert kl["max"] == -28.42
-    [alarm] = promotion_alarms({"kl_to_reference": kl})
-    assert alarm.startswith("KL to the reference is 27.21 nats/token (last_quarter_mean_magnitude")
-    mild, _ = trained(home, "mild", kls=[-0.1, 0.2, -0.3, 0.1])  # small either way: no alarm
-    assert promotion_alarms(promotion_evidence(adapter=mild)) == []
 
 
 def test_missing_figures_raise_nothing_and_do_not_crash(home):
@@ -371,7 +358,7 @@ def test_the_kl_figure_is_the_last_quarter_of_the_steps_else_the_run_mean():
     assert figure["value"] == pytest.approx(0.4) and figure["window"] == 2 and figure["final"] == 0.5
     assert figure["source"] == "train_receipt.loss_history.kl_estimator_mean" and figure["max"] == 0.5
     run_mean = kl_to_reference({**receipt, "loss_history": []})
-    assert run_mean["statistic"] == "run_mean_magnitude" and run_mean["value"] == pytest.approx(1.4 / 8)
+    assert run_mean["statistic"] == "run_mean" and run_mean["value"] == pytest.approx(1.4 / 8)
     live = kl_to_reference({}, {"kl_history": [{"step": 1, "kl_mean": 0.2}, {"step": 2, "kl_mean": 0.6}]})
     assert live["source"] == "training_job_metrics.kl_history" and live["value"] == 0.6
     assert kl_to_reference({}) is None and kl_to_reference({"grpo": "odd", "loss_history": "odd"}) is None
