@@ -103,7 +103,7 @@ def test_cli_errors_are_one_line(kiln, home, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"a": 1}\n[2]\n')
     code, _, err = kiln("eval", "datasets", "upload", "x", str(bad), "--format", "raw")
-    assert code == 1 and err.startswith("error: eval_invalid_request: file line 2: ") and err.count("\n") == 1
+    assert code == 1 and err.startswith("error: dataset_invalid: file line 2: ") and err.count("\n") == 1
     code, _, err = kiln("eval", "datasets", "show", "nope")
     assert code == 1 and err.startswith("error: dataset_not_found: ")
     (tmp_path / "bad.json").write_text("{")

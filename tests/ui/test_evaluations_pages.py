@@ -138,8 +138,8 @@ def test_upload_through_the_page_creates_the_dataset_and_the_list_shows_its_spli
 @pytest.mark.parametrize(("fields", "data", "field", "code", "text"), [
     ({"name": "bad name"}, "ok", "name", "eval_invalid_request", "is not a valid name"),
     ({"format": "csv"}, "ok", "format", "eval_invalid_request", "must be one of grpo_groups, sft_chat, raw"),
-    ({}, "broken", "file", "eval_invalid_request", "line 2"),
-    ({}, "nan", "file", "eval_invalid_request", "line 1"),
+    ({}, "broken", "file", "dataset_invalid", "line 2"),
+    ({}, "nan", "file", "dataset_invalid", "line 1"),
     ({}, None, "file", "eval_invalid_request", "choose the JSONL file"),
 ])
 def test_a_bad_upload_shows_the_error_inline_and_stores_nothing(operator_client, home, fields, data, field, code,

@@ -163,7 +163,7 @@ def test_a_double_submit_with_the_same_key_makes_one_run_and_a_changed_reuse_is_
      "environment_url-0", "not a loopback address"),
     ({"credential_id": ["team-token"]}, 400, "openenv_credential_not_found", "credential_id-0",
      "no server credential named 'team-token'"),
-    ({"credential_id": ["-"]}, 400, "openenv_invalid_request", "credential_id-0", "reserved"),
+    ({"credential_id": ["has space"]}, 400, "openenv_invalid_request", "credential_id-0", "handle of 1..64"),
     ({"reset_options": "{not json"}, 400, "openenv_invalid_request", "reset_options", "not valid JSON"),
     ({"reset_options": '{"a": 1}', "environment_reset_options": ['{"b": 2}']}, 400, "openenv_invalid_request",
      "environment_reset_options-0", "exclusive"),
