@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition
+from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition, Promotion
 from core.jobs.models import Job, JobState
 from core.models import Receipt, ReceiptKind
 
@@ -55,6 +55,17 @@ def adapter_status(adapter: Adapter) -> str:
     if adapter.loaded:
         return AdapterStatus.ACTIVE
     return AdapterStatus.QUARANTINED if adapter.quarantined else AdapterStatus.AVAILABLE
+
+
+def adapter_promotion(*, adapter: Adapter | None, promotion_id: int | None = None) -> Promotion | None:
+    """The promotion that decides this adapter revision: the recorded one, else the newest for its
+    exact bytes (one requested later by hand, or the gate's pending approval)."""
+    if promotion_id is not None:
+        return Promotion.objects.filter(id=promotion_id).select_related("activation_job").first()
+    if adapter is None or not adapter.content_sha256:
+        return None
+    return (Promotion.objects.filter(candidate=adapter.name, content_sha256=adapter.content_sha256)
+            .select_related("activation_job").order_by("-requested_at", "-id").first())
 
 
 def adapter_transitions(*, name: str) -> list[AdapterTransition]:

@@ -31,9 +31,11 @@ MAX_HISTORY_POINTS = 500
 
 
 def downsampled(history: list) -> list:
-    if len(history) <= MAX_HISTORY_POINTS:
-        return history
-    return history[:-1:2] + history[-1:]
+    """At most MAX_HISTORY_POINTS: every other point dropped (the last kept) until it fits, so a
+    resumed run's restored history of any length is bounded too."""
+    while len(history) > MAX_HISTORY_POINTS:
+        history = history[:-1:2] + history[-1:]
+    return history
 
 
 def _finite(value):
@@ -60,10 +62,8 @@ class ProgressRecorder:
         step = figures.get("step")
         for key, history in HISTORY_KEYS.items():
             if key in figures:
-                point = {"step": step, key: _finite(figures[key])}
-                if key == "loss":  # the job detail's loss_history[] shape: {epoch, progress, loss, elapsed_secs}
-                    point.update(epoch=figures.get("epoch", 0), progress=_finite(figures.get("progress")),
-                                 elapsed_secs=round(time.monotonic() - self.started, 3))
+                point = _loss_point(step, figures, round(time.monotonic() - self.started, 3)) if key == "loss" \
+                    else {"step": step, key: _finite(figures[key])}
                 self.metrics[history] = downsampled(self.metrics[history] + [point])
         scalars = {k: _finite(v) for k, v in figures.items() if isinstance(v, int | float | str | type(None))}
         self.metrics.update(scalars)
@@ -72,15 +72,19 @@ class ProgressRecorder:
             message += f" loss {scalars['loss']:.4f}"
         self.ctx.report_progress(figures.get("progress", 0.0), message, metrics=self.metrics)
 
-
     def _restore(self, points: list[dict]) -> None:
         """The loss and KL curves of a resumed run's steps before its checkpoint (per step, from the
         checkpoint's ledger; the reward curve is per group and starts at the resume)."""
-        self.metrics["loss_history"] = downsampled([
-            {"step": p.get("step"), "loss": _finite(p.get("loss")), "epoch": p.get("epoch", 0),
-             "progress": _finite(p.get("progress")), "elapsed_secs": p.get("elapsed_secs")} for p in points])
+        self.metrics["loss_history"] = downsampled([_loss_point(p.get("step"), p, p.get("elapsed_secs"))
+                                                    for p in points])
         self.metrics["kl_history"] = downsampled([{"step": p.get("step"), "kl_mean": _finite(p.get("kl_mean"))}
                                                   for p in points if p.get("kl_mean") is not None])
+
+
+def _loss_point(step, figures: dict, elapsed_secs) -> dict:
+    """One point of the job detail's loss_history[]: {step, loss, epoch, progress, elapsed_secs}."""
+    return {"step": step, "loss": _finite(figures.get("loss")), "epoch": figures.get("epoch", 0),
+            "progress": _finite(figures.get("progress")), "elapsed_secs": elapsed_secs}
 
 
 def _record_failure_receipt(path: Path, name: str, job) -> None:

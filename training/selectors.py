@@ -8,6 +8,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from adapters.models import Adapter
+from adapters.selectors import adapter_promotion
 from core.jobs.models import Job, JobState
 from training.payloads import GrpoJobPayload
 
@@ -60,7 +61,7 @@ def _activation_state(job: Job, adapter, post_eval_result: dict) -> dict:
     activation job made this adapter revision active."""
     result = job.result or {}
     promotion_id = result.get("promotion_id") or post_eval_result.get("promotion_id")
-    promotion = _promotion_of(adapter, promotion_id)
+    promotion = adapter_promotion(adapter=adapter, promotion_id=promotion_id)
     if promotion is not None:
         promotion_id = promotion.id
     activation_job_id = result.get("activation_job_id") or (
@@ -78,19 +79,6 @@ def _activation_state(job: Job, adapter, post_eval_result: dict) -> dict:
                 and activation_job.state in ("completed", "failed", "cancelled") else None),
             "activation_job_id": activation_job_id,
             "promotion_id": promotion_id}
-
-
-def _promotion_of(adapter, promotion_id):
-    """The promotion that decides this adapter revision: the recorded one, else the newest for its
-    exact bytes (one requested later by hand or by the gate's pending approval)."""
-    from adapters.models import Promotion
-
-    if promotion_id is not None:
-        return Promotion.objects.filter(id=promotion_id).select_related("activation_job").first()
-    if adapter is None or not adapter.content_sha256:
-        return None
-    return (Promotion.objects.filter(candidate=adapter.name, content_sha256=adapter.content_sha256)
-            .select_related("activation_job").order_by("-requested_at", "-id").first())
 
 
 def _gate_fields(job: Job) -> dict:

@@ -45,19 +45,21 @@ def _read(path: Path) -> str:
         raise CliError("file_unreadable", f"cannot read {path}: {exc.strerror}") from None
 
 
-def load_request(path: Path) -> dict:
-    """A JSON object with groups/config is a request; a JSON list or JSONL lines are groups."""
+def load_request(path: Path) -> tuple[dict, bool]:
+    """(the request, whether the file is JSONL of groups): a JSON object with a source is a request;
+    one group object or JSONL lines are groups, one per line (what the server's dataset_path reads);
+    a JSON list is groups too, but not JSONL (the server would misread it as lines)."""
     text = _read(path)
     try:
         whole = json.loads(text)
     except json.JSONDecodeError:
         whole = None
     if isinstance(whole, dict) and any(k in whole for k in REQUEST_SOURCES):
-        return whole
+        return whole, False
     if isinstance(whole, dict):
-        return {"groups": [whole]}
+        return {"groups": [whole]}, True
     if isinstance(whole, list):
-        return {"groups": whole}
+        return {"groups": whole}, False
     groups = []
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
@@ -67,21 +69,11 @@ def load_request(path: Path) -> dict:
                 raise CliError("invalid_jsonl", f"{path}:{number}: not valid JSON ({exc.msg})") from None
     if not groups:
         raise CliError("invalid_jsonl", f"{path} holds no groups")
-    return {"groups": groups}
-
-
-def _is_groups_jsonl(path: Path) -> bool:
-    """Whether the file is JSONL of groups, one per line (what the server's dataset_path reads), rather
-    than one JSON request object or a JSON list of groups (which it would misread as lines)."""
-    try:
-        whole = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return True  # several lines of JSON (load_request has already checked each one)
-    return isinstance(whole, dict) and not any(k in whole for k in REQUEST_SOURCES)  # one group: one line
+    return {"groups": groups}, True
 
 
 def build_request(args) -> dict:
-    return _with_config(load_request(args.file), args)
+    return _with_config(load_request(args.file)[0], args)
 
 
 def _with_config(body: dict, args) -> dict:
@@ -188,8 +180,9 @@ def _submit_grpo(client: KilnClient, args) -> dict:
     (`dataset_path`), admits the whole corpus and pins a snapshot. When the server cannot read it
     (another machine, or outside its dataset roots) the groups go inline instead, and a note says so.
     A request file (an object with a source) is sent as written."""
-    inline = build_request(args)
-    if not _is_groups_jsonl(args.file):  # a request object or a JSON batch (list) is sent as written
+    body, groups_jsonl = load_request(args.file)
+    inline = _with_config(body, args)
+    if not groups_jsonl:  # a request object or a JSON batch (list) is sent as written
         return client.post("/v1/train/grpo", json=inline)
     streamed = {**{k: v for k, v in inline.items() if k != "groups"}, "dataset_path": str(args.file.resolve())}
     try:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -51,11 +52,26 @@ def _workers(url, queue, token):
 
 
 def _stop(serve) -> None:
+    if serve.poll() is not None:  # a test that killed it already
+        return
     serve.send_signal(signal.SIGTERM)
     try:
         serve.wait(timeout=90)
     except subprocess.TimeoutExpired:
         serve.kill()
+
+
+@contextmanager
+def _serving(tmp_path):
+    """`kiln serve` on a free port, answering /health: (process, env, port, url, an observer's token);
+    stopped afterwards unless the test already killed it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve, env = _serve(tmp_path, port)
+    try:
+        yield serve, env, port, url, _observer(url, env)
+    finally:
+        _stop(serve)
 
 
 def _both_workers(url, token) -> dict:
@@ -65,11 +81,7 @@ def _both_workers(url, token) -> dict:
 
 
 def test_kill_9_of_serve_leaves_no_children_and_a_second_serve_refuses(tmp_path):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve, env = _serve(tmp_path, port)
-    try:
-        token = _observer(url, env)
+    with _serving(tmp_path) as (serve, env, port, url, token):
         body = _both_workers(url, token)
         pids = [int(w["id"].split(":")[1]) for w in body["workers"]["workers"]]
         pids += [_ppid(pid) for pid in pids]  # dramatiq's supervisors too
@@ -96,17 +108,10 @@ def test_kill_9_of_serve_leaves_no_children_and_a_second_serve_refuses(tmp_path)
         finally:
             again.send_signal(signal.SIGTERM)
             again.wait(timeout=90)
-    finally:
-        if serve.poll() is None:
-            serve.kill()
 
 
 def test_kill_9_of_the_gpu_workers_supervisor_stops_the_worker_before_a_new_one_takes_the_device(tmp_path):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve, env = _serve(tmp_path, port)
-    try:
-        token = _observer(url, env)
+    with _serving(tmp_path) as (_serve_process, _env, _port, url, token):
         [old] = wait_until(lambda: [w for w in _workers(url, "gpu", token)
                                     if (w.get("status") or {}).get("gpu_lock", {}).get("waiting") is False] or None,
                            90, what="the GPU worker to hold the device")
@@ -127,18 +132,12 @@ def test_kill_9_of_the_gpu_workers_supervisor_stops_the_worker_before_a_new_one_
         acquired = [h for h in history if h["event"] == "acquired"]
         assert [h["pid"] for h in acquired][-2:] == [old_pid, new_pid]
         assert acquired[-1]["since"] > last_alive - 0.2, "the new worker held the device while the old one lived"
-    finally:
-        _stop(serve)
 
 
 def test_kill_9_of_the_web_process_restarts_it_and_keeps_the_workers(tmp_path):
     # Before: "web exited with -9; shutting down" stopped both workers and Redis, failing any
     # running training. The web process holds no state, so serve restarts it like a worker.
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve, env = _serve(tmp_path, port)
-    try:
-        token = _observer(url, env)
+    with _serving(tmp_path) as (serve, _env, _port, url, token):
         body = _both_workers(url, token)
         workers = sorted(w["id"] for w in body["workers"]["workers"])
         web = subprocess.run(["pgrep", "-P", str(serve.pid), "-f", "daphne"], capture_output=True, text=True)
@@ -150,5 +149,3 @@ def test_kill_9_of_the_web_process_restarts_it_and_keeps_the_workers(tmp_path):
         assert serve.poll() is None
         log = (tmp_path / "serve.log").read_text()
         assert "web exited with -9; restarting it" in log and "shutting down" not in log
-    finally:
-        _stop(serve)

@@ -226,3 +226,6 @@ def test_a_failed_checkpoint_and_a_resumes_history_reach_the_job_detail(api):
     assert [p["step"] for p in detail["loss_history"]] == [1, 2, 3]
     assert [p["kl_mean"] for p in detail["kl_history"]] == [0.01, 0.02, 0.03]
     assert detail["checkpoint_error"] == "checkpoint ck-r001-checkpoint-step-00000003 already exists"
+    long = [{"step": s, "loss": 0.1, "progress": s / 1200} for s in range(1, 1201)]  # a long run resumed
+    recorder({"restored_loss_history": long})
+    assert len(recorder.metrics["loss_history"]) <= 500 and recorder.metrics["loss_history"][-1]["step"] == 1200
