@@ -193,15 +193,22 @@ def run_activation_job(ctx) -> dict:
         if payload.promotion_id is not None:
             promotions.promotion_fail(promotion_id=payload.promotion_id, reason=f"{exc.code}: {exc.message}")
         ctx.log("not activated", {"code": exc.code, "message": exc.message})
-        return {"adapter": payload.adapter, "activated": False, "code": exc.code, "message": exc.message,
-                "quarantined": exc.code == "adapter_load_failed"}
+        # The job fails with the refusal's code (a job that activated nothing is not `completed`),
+        # and keeps the outcome in its result.
+        exc.job_result = {"adapter": payload.adapter, "activated": False, "code": exc.code, "message": exc.message,
+                          "quarantined": exc.code == "adapter_load_failed"}
+        raise
     ctx.report_progress(0.8, "activating", metrics={"canary_sha256": canary["sha256"]})
     if payload.promotion_id is not None:
         promotion = promotions.promotion_apply(promotion_id=payload.promotion_id, canary=canary, job=ctx.job)
-        activated = promotion.state == PromotionState.APPLIED
-        return {"adapter": payload.adapter, "activated": activated, "promotion_id": promotion.id,
-                "promotion_state": promotion.state, "canary": canary,
-                **({} if activated else {"code": "promotion_failed", "message": promotion.reason})}
+        result = {"adapter": payload.adapter, "activated": promotion.state == PromotionState.APPLIED,
+                  "promotion_id": promotion.id, "promotion_state": promotion.state, "canary": canary}
+        if not result["activated"]:
+            error = KilnError("promotion_failed", f"promotion {promotion.id} was not applied: {promotion.reason}",
+                              status=409, hint="see the promotion's reason; the previous adapter stays active")
+            error.job_result = {**result, "code": error.code, "message": error.message}
+            raise error
+        return result
     with transaction.atomic():
         make_active(name=payload.adapter, actor=actor, reason=payload.reason, job=ctx.job, canary=canary,
                     receipt_extra={"origin_job_id": payload.origin_job_id})

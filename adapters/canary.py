@@ -31,7 +31,9 @@ PROMPTS = ("What is 2 + 3?", "Name one primary colour.", "Reply with the word re
 MAX_TOKENS = 16
 SEED = 0
 # Codes of /v1/chat/completions that say the adapter itself cannot be served.
-ADAPTER_FAULTS = frozenset({"adapter_not_found", "adapter_load_failed", "generation_failed", "invalid_request"})
+ADAPTER_FAULTS = frozenset(
+    {"adapter_not_found", "adapter_load_failed", "adapter_content_mismatch", "generation_failed", "invalid_request"}
+)
 DEFAULT_TIMEOUT_SECONDS = 120.0
 
 
@@ -59,7 +61,8 @@ def _complete(body: dict, timeout: float) -> dict:
     # Looked up at call time, so tests that stand in an in-process GPU host for the worker reach it.
     from adapters.serving import sync_client
 
-    return sync_client.chat_completion_sync(body, timeout=timeout)
+    # An adapter change, which maintenance admits (spec: it drains to training and adapter changes).
+    return sync_client.chat_completion_sync(body, timeout=timeout, activity="adapter_change")
 
 
 def _judge(prompt: str, response: dict, content_sha256: str) -> tuple[dict, list[str]]:

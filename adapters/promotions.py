@@ -101,6 +101,12 @@ def promotion_request(*, candidate: str, user=None, reason: str = "", evidence: 
     if adapter.state != AdapterState.PUBLISHED:
         raise KilnError("adapter_busy", f"adapter {candidate!r} is being written; it cannot be promoted yet",
                         status=409, field="candidate", hint="wait for its training job to finish")
+    if adapter.quarantined:
+        raise KilnError("adapter_quarantined", f"adapter {candidate!r} is quarantined: its serving canary failed",
+                        status=409, field="candidate",
+                        hint=f"see why with `kiln adapters verify {candidate}` and its canary in GET "
+                             f"/v1/adapters/{candidate}/detail; an operator may serve it anyway with "
+                             f"`kiln adapters load {candidate} --allow-quarantined`")
     incumbent = adapter_active()
     if incumbent is not None and incumbent.name == candidate:
         raise KilnError("adapter_active", f"adapter {candidate!r} is already the active adapter", status=409,

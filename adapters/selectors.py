@@ -29,6 +29,12 @@ def adapter_published_path(*, name: str) -> Path | None:
     return Path(adapter.path) if adapter and adapter.path else None
 
 
+def adapter_served_bytes(*, name: str) -> tuple[Path, str] | None:
+    """For the sampler: a published adapter's folder and the content digest its files must still have."""
+    adapter = Adapter.objects.filter(name=name, state=AdapterState.PUBLISHED).first()
+    return (Path(adapter.path), adapter.content_sha256) if adapter and adapter.path else None
+
+
 def adapter_receipt(*, adapter: Adapter) -> dict | None:
     if not adapter.path:
         return None

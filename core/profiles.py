@@ -11,6 +11,12 @@ from core.errors import KilnError
 _REFUSED = {"stable": frozenset(), "experimental": frozenset(), "maintenance": frozenset({"inference", "evaluation"})}
 
 
+def profile_refuses(activity: str) -> str | None:
+    """The name of this process's profile when it refuses the activity, else None."""
+    profile = settings.KILN.serving_profile
+    return profile if activity in _REFUSED[profile] else None
+
+
 def require_profile_allows(activity: str) -> None:
     """Raise 503 `inference_disabled_by_profile` when this process's profile refuses the activity."""
     profile = settings.KILN.serving_profile

@@ -18,7 +18,9 @@ from pathlib import Path
 from gpu_runtime.identity import adapter_files, file_manifest, manifest_digest, stat_signature
 from gpu_runtime.sample_types import SampleRequestError
 
-AdapterResolver = Callable[[str], "str | Path | None"]
+# name -> the adapter's folder, or (folder, the registry's content digest of it): with a digest, bytes
+# that no longer match it (edited or corrupted since publication) are refused, never served.
+AdapterResolver = Callable[[str], "str | Path | tuple[str | Path, str] | None"]
 BASE_NAMES = (None, "", "base")
 _UNKNOWN = object()  # forces the next activate() to set peft state explicitly
 
@@ -59,7 +61,7 @@ class AdapterManager:
         """The handle for adapter `name` (loading it if new or changed on disk); None for the base model."""
         if name in BASE_NAMES:
             return None
-        path = self._resolve_path(name)
+        path, expected = self._resolve_path(name)
         files = adapter_files(path)
         if "adapter_config.json" not in files or len(files) < 2:
             raise SampleRequestError(
@@ -68,12 +70,14 @@ class AdapterManager:
         signature = stat_signature(path, files)
         cached = self._by_name.get(name)
         if cached and cached[0] == signature and cached[1].key in self._handles:
+            _check_expected(cached[1], expected)
             self._handles.move_to_end(cached[1].key)
             return cached[1]
         digest = manifest_digest(file_manifest(path, files))
         # peft keys modules by adapter name, and module names may not contain dots.
         safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)
         handle = AdapterHandle(name=name, key=f"{safe}@{digest[7:23]}", content_sha256=digest, path=path)
+        _check_expected(handle, expected)
         if handle.key not in self._handles:
             self._evict(in_use)
             self._load(handle)
@@ -94,18 +98,20 @@ class AdapterManager:
             self._peft.set_adapter(key, inference_mode=True)
         self._active = key
 
-    def _resolve_path(self, name: str) -> Path:
+    def _resolve_path(self, name: str) -> tuple[Path, str | None]:
+        """The adapter's folder and the digest its bytes must have (None: not checked)."""
         if self._resolver is None:
             raise SampleRequestError(
                 "adapter_not_found", f"No adapter resolver is configured; cannot load {name!r}."
             )
         try:
-            path = self._resolver(name)
+            resolved = self._resolver(name)
         except Exception as exc:  # noqa: BLE001 - a registry miss may be any exception type
             raise SampleRequestError("adapter_not_found", f"Adapter {name!r} was not found: {exc}") from exc
+        path, expected = resolved if isinstance(resolved, tuple) else (resolved, None)
         if path is None or not Path(path).is_dir():
             raise SampleRequestError("adapter_not_found", f"Adapter {name!r} was not found.")
-        return Path(path)
+        return Path(path), expected or None
 
     def _load(self, handle: AdapterHandle) -> None:
         from peft import PeftModel  # imported here: base-only serving never needs peft
@@ -174,3 +180,15 @@ def _strip_lora_layers(model) -> None:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, module.get_base_layer())
+
+
+def _check_expected(handle: AdapterHandle, expected: str | None) -> None:
+    """Refuse an adapter whose files no longer hash to the registry's digest: the bytes that serve
+    must be the bytes that were published, evaluated and promoted."""
+    if expected and handle.content_sha256 != expected:
+        raise SampleRequestError(
+            "adapter_content_mismatch",
+            f"Adapter {handle.name!r} at {handle.path} now hashes to {handle.content_sha256}, but the "
+            f"registry published {expected}: its files changed after publication, so it is not served. "
+            f"Run `kiln adapters verify {handle.name}` to see which file changed.",
+        )

@@ -242,15 +242,17 @@ def _checkpointed(plan: Plan, h, cos, sin, how: Attention, segments: int):
     return h, []
 
 
-def lm_logprobs(plan: Plan, hidden: Tensor, targets: Tensor) -> Tensor:
+def lm_logprobs(plan: Plan, hidden: Tensor, targets: Tensor, temperature: Tensor | None = None) -> Tensor:
     """log p(targets) from pre-norm hidden states of the positions that predict them.
 
     `hidden` (..., H) and `targets` (...) line up element for element; the vocabulary projection
-    runs only for these positions.
+    runs only for these positions. `temperature` (broadcast against the logits) divides them.
     """
     logits = lm_logits(plan, hidden)
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()  # bf16/fp16 log-probs are too coarse for ratios
+    if temperature is not None:
+        logits = logits / temperature
     # cross_entropy is one fused log-softmax + gather, forward and backward (several times faster
     # on CPU than gather - logsumexp, whose backward materialises the full softmax twice).
     vocab = logits.shape[-1]
@@ -299,14 +301,22 @@ def predicting_hidden(plan: Plan, ids: Tensor, start: int, *, prefix: int = 0, c
 
 
 def sequence_logprobs(
-    plan: Plan, ids: Tensor, start: int, *, prefix: int = 0, checkpoint_segments: int = 0, head=None
+    plan: Plan,
+    ids: Tensor,
+    start: int,
+    *,
+    prefix: int = 0,
+    checkpoint_segments: int = 0,
+    head=None,
+    temperatures: Tensor | None = None,
 ):
     """(B, T) log p(ids[:, t] | ids[:, <t]) for t >= start (0 before) of right-padded rows.
 
-    `head(plan, hidden, targets)` replaces `lm_logprobs` (the fused kernel of
+    `head(plan, hidden, targets, temperature=None)` replaces `lm_logprobs` (the fused kernel of
     `gpu_runtime.kernels.lm_head`, when the kernel selection says Triton). `prefix`: see
-    `predicting_hidden`.
+    `predicting_hidden`. `temperatures` (B,) divide each row's logits.
     """
     hidden = predicting_hidden(plan, ids, start, prefix=prefix, checkpoint_segments=checkpoint_segments)
-    selected = (head or lm_logprobs)(plan, hidden, ids[:, start:])
+    temperature = None if temperatures is None else temperatures.to(torch.float32)[:, None, None]
+    selected = (head or lm_logprobs)(plan, hidden, ids[:, start:], temperature=temperature)
     return torch.cat([selected.new_zeros(ids.shape[0], start), selected], dim=1)

@@ -24,7 +24,7 @@ class SampleRequestError(Exception):
     """A request the sampler refuses or cannot serve. Codes are stable:
 
     invalid_request, context_length_exceeded, adapter_not_found, adapter_load_failed,
-    sampler_stopped, generation_failed.
+    adapter_content_mismatch, sampler_stopped, generation_failed.
     """
 
     def __init__(self, code: str, message: str):

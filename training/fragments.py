@@ -69,9 +69,12 @@ def training_section(job) -> dict:
     metrics = job.metrics or {}
     curves = training_curves({history: detail.get(history) or metrics.get(history) for history in HISTORY_KEYS})
     name = detail.get("adapter_name")
-    adapter = adapter_selectors.adapter_get(name=name) if name else None
+    registered = adapter_selectors.adapter_get(name=name) if name else None
+    # The registry row is this job's output only if this job reserved it: a failed job's released
+    # name may since have been published by another job, whose adapter and receipt are not this job's.
+    adapter = registered if registered is not None and registered.training_job_id == job.id else None
     config = detail.get("effective_config") or {}
-    kept, filtered = metrics.get("kept_groups"), metrics.get("filtered_groups")
+    kept, filtered = _group_counts(metrics, detail.get("train_receipt"))
     seen = (kept or 0) + (filtered or 0) if isinstance(kept, int) and isinstance(filtered, int) else None
     return {
         "detail": detail,
@@ -85,10 +88,26 @@ def training_section(job) -> dict:
         "config": config,
         "adapter": adapter,
         "adapter_name": name,
+        "name_taken_by": registered if registered is not None and adapter is None else None,
         "receipt": receipt_view(detail.get("train_receipt")),
         "receipt_error": receipt_error,
-        "receipt_url": f"/v1/adapters/{name}/receipt" if name else None,
+        "receipt_url": f"/v1/adapters/{name}/receipt" if adapter is not None else f"/v1/train/jobs/{job.uuid}",
     }
+
+
+def _group_counts(metrics: dict, receipt: dict | None) -> tuple[int | None, int | None]:
+    """(kept, filtered) groups: live from the trainer's progress, else from the receipt's data block
+    (a run that failed before its first step, e.g. zero_groups, reported no progress)."""
+    kept, filtered = metrics.get("kept_groups"), metrics.get("filtered_groups")
+    data = (receipt or {}).get("data") if isinstance(receipt, dict) else None
+    if isinstance(data, dict) and isinstance(data.get("groups_read"), int) and isinstance(
+        data.get("groups_filtered"), int
+    ):
+        if filtered is None:
+            filtered = data["groups_filtered"]
+        if kept is None:
+            kept = data["groups_read"] - data["groups_filtered"]
+    return kept, filtered
 
 
 def queue_context() -> dict:

@@ -50,7 +50,9 @@ def post_eval_state(job: Job) -> dict:
         "training": {"state": job.state, "at": job.finished_at},
         "evaluation": None if evaluation is None else {
             "job_id": str(evaluation.uuid), "state": evaluation.state, "outcome": result.get("gate_outcome"),
-            "at": evaluation.finished_at, "error": evaluation.error_code or None},
+            "at": evaluation.finished_at, "error": evaluation.error_code or None,
+            # why a gate ended `error` (e.g. its evaluation could not be queued) when no job error says it
+            "reason": result.get("post_eval_verdict") if result.get("gate_outcome") == "error" else None},
         "activation": _activation_state(job, adapter, result),
     }
 

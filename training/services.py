@@ -191,6 +191,20 @@ def _checkpoint_seed(value: str) -> int | None:
     return int(seed) if isinstance(seed, str | int) and str(seed).isdigit() else None
 
 
+def _require_evaluation_allowed() -> None:
+    """post_eval queues an evaluation once the adapter publishes: under a profile that refuses
+    evaluation (maintenance) its gate could only end in `error`, so the run is refused before it trains."""
+    from core.profiles import profile_refuses
+
+    profile = profile_refuses("evaluation")
+    if profile:
+        raise KilnError("inference_disabled_by_profile",
+                        f"post_eval runs an evaluation, which the {profile} serving profile refuses", status=503,
+                        field="post_eval",
+                        hint="train without post_eval now, then restart in the stable profile "
+                             "(KILN_SERVER_SERVING_PROFILE=stable) and evaluate the adapter with kiln eval run")
+
+
 def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_sources: tuple | None = None,
                 openenv_lineage: dict | None = None) -> tuple:
     """Validate and queue a GRPO request. Returns (job, effective_seed).
@@ -217,6 +231,7 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_
     if submission.post_eval is not None:
         from training.post_eval_admission import check_post_eval, submitted_rows
 
+        _require_evaluation_allowed()
         suite_pin = check_post_eval(submission.post_eval, submitted_rows(body, provenance))
     if config.base_adapter and adapter_published_path(name=config.base_adapter) is None:
         raise _invalid(f"no published adapter named {config.base_adapter!r}", "config.base_adapter")

@@ -27,6 +27,8 @@ router = Router(tags=["inference"])
 async def _start(body: ChatCompletionRequest) -> str:
     require_profile_allows("inference")
     check_caps(body)
+    if body.adapter is not None:
+        await sync_to_async(selectors.require_servable_adapter)(body.adapter)
     await sync_to_async(selectors.require_inference_ready)()
     if body.adapter is None:
         # No adapter named: serve the registry's active adapter ("base" or "" asks for the base model).

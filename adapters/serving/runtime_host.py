@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 # SampleRequestError codes -> HTTP status the web process answers with.
 _STATUS = {"invalid_request": 400, "context_length_exceeded": 400, "adapter_not_found": 404,
-           "adapter_load_failed": 500, "sampler_stopped": 503, "generation_failed": 500}
+           "adapter_content_mismatch": 409, "adapter_load_failed": 500, "sampler_stopped": 503, "generation_failed": 500}
 
 
 class ModelHost:
@@ -37,7 +37,7 @@ class ModelHost:
         threading.Thread(target=self._load_and_run, name="kiln-model-host", daemon=True).start()
 
     def _load_and_run(self) -> None:
-        from adapters.selectors import adapter_published_path
+        from adapters.selectors import adapter_served_bytes
         from gpu_runtime.model_loading import ModelLoadError, load_model
         from gpu_runtime.sampler import Sampler
 
@@ -49,7 +49,7 @@ class ModelHost:
             set_worker_status(model={"loaded": False, "code": exc.code, "error": exc.message})
             log.warning("model not loaded: %s", exc)
         else:
-            self.sampler = Sampler(self.loaded, lambda name: adapter_published_path(name=name),
+            self.sampler = Sampler(self.loaded, lambda name: adapter_served_bytes(name=name),
                                    max_batch_size=settings.KILN.sampler_max_batch_size)
             set_worker_status(model={"loaded": True, "served_model_id": self.loaded.served_model_id,
                                      "device": str(self.loaded.device), "dtype": str(self.loaded.dtype),

@@ -56,6 +56,24 @@ def resident_adapters() -> set[str]:
     return names
 
 
+def require_servable_adapter(name: str | None) -> None:
+    """409 `adapter_quarantined` for a named adapter whose serving canary failed: it is not served
+    (its bytes may have changed, or it does not load) until an operator loads it again anyway."""
+    if name in (None, "", "base"):
+        return
+    from adapters.models import Adapter
+
+    adapter = Adapter.objects.filter(name=name).only("quarantined", "loaded").first()
+    if adapter is not None and adapter.quarantined and not adapter.loaded:
+        raise KilnError(
+            "adapter_quarantined",
+            f"adapter {name!r} is quarantined: its serving canary failed, so it is not served",
+            status=409,
+            hint=f"see why with `kiln adapters verify {name}` and GET /v1/adapters/{name}/detail (canary); "
+            f"serve it anyway with `kiln adapters load {name} --allow-quarantined`",
+        )
+
+
 def default_adapter() -> str:
     """What a chat completion without `adapter` is served with: the active adapter, else the base model.
     Read per request from the registry, so a GPU worker serves what the registry says after a restart too."""

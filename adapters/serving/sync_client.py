@@ -68,20 +68,25 @@ def validate_body(body) -> ChatCompletionRequest:
 
 
 
-def chat_completion_sync(body: dict, timeout: float = 900.0) -> dict:
+def chat_completion_sync(body: dict, timeout: float = 900.0, *, activity: str = "inference") -> dict:
     """Run one chat completion on the GPU worker and return the OpenAI-shaped response.
 
     `timeout` bounds the whole call (queueing included); within it the worker must answer within
     FIRST_EVENT_TIMEOUT and then go no longer than IDLE_TIMEOUT between events. When the worker that
     took the request dies before answering (kill -9, out of memory), the request is sent once more
     to the worker that replaces it (a seeded request answers the same); a second loss is a 503
-    `inference_worker_lost`.
+    `inference_worker_lost`. `activity` is what the serving profile must admit: the serving canary
+    of an adapter change says "adapter_change", which maintenance admits.
     """
     from adapters.serving.selectors import require_inference_ready
     from core.profiles import require_profile_allows
 
-    require_profile_allows("inference")
+    from adapters.serving.selectors import require_servable_adapter
+
+    require_profile_allows(activity)
     parsed = validate_body(body)
+    if activity == "inference":  # the canary is how a quarantined adapter is judged again
+        require_servable_adapter(parsed.adapter)
     require_inference_ready()
     if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")

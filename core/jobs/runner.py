@@ -118,7 +118,8 @@ def _run_one(queue: str, worker_id: str) -> bool:
     except JobCancelled:
         _settle_stopped(job, ctx, result=None)
     except KilnError as exc:
-        services.job_fail(job=job, code=exc.code, message=exc.message)
+        # A handler may attach what it did find out (`job_result`) to the refusal that fails its job.
+        services.job_fail(job=job, code=exc.code, message=exc.message, result=getattr(exc, "job_result", None))
     except BaseException as exc:  # noqa: BLE001 - includes dramatiq's TimeLimitExceeded
         log.exception("job %s failed", job.uuid)
         code = "job_time_limit" if type(exc).__name__ == "TimeLimitExceeded" else "job_error"

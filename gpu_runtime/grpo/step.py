@@ -61,6 +61,25 @@ class GroupTensors:
     behavior: torch.Tensor | None  # (B, T) recorded log-probs (0 elsewhere)
     advantages: torch.Tensor  # (B,)
     start: int  # first trained position over the group (>= 1)
+    # (B,) recorded sampling temperatures the policy and reference log-probs are taken at (None: 1)
+    temperatures: torch.Tensor | None = None
+
+
+def recorded_temperatures(items) -> list[float] | None:
+    """Each completion's recorded sampling temperature, or None when every one is 1 (or unrecorded).
+
+    Under `recorded` the ratio is pi_theta / pi_behavior, and the behavior log-probs are those of
+    the tempered distribution the sampler drew from; the policy is read at the same temperature, as
+    TRL and verl do, so a fresh adapter's ratio on its own samples is exactly 1 instead of being
+    clipped as if the data were off-policy. Greedy rows (temperature 0) keep 1: their records are
+    one-hot and a zero temperature has no log-probs.
+    """
+    temps = []
+    for item in items:
+        sampling = (item.provenance or {}).get("sampling") or {}
+        value = float(sampling.get("temperature", 1.0) or 1.0)
+        temps.append(value if value > 0 else 1.0)
+    return None if all(t == 1.0 for t in temps) else temps
 
 
 def group_tensors(group, *, device, pad_id: int, recorded: bool, with_env: bool) -> GroupTensors:
@@ -72,6 +91,7 @@ def group_tensors(group, *, device, pad_id: int, recorded: bool, with_env: bool)
     action = torch.zeros((b, width), dtype=torch.bool)
     env = torch.zeros((b, width), dtype=torch.bool)
     behavior = torch.zeros((b, width), dtype=torch.float32) if recorded else None
+    temperatures = recorded_temperatures(items) if recorded else None
     for row, item in enumerate(items):
         n = len(item.input_ids)
         ids[row, :n] = torch.tensor(item.input_ids)
@@ -96,14 +116,22 @@ def group_tensors(group, *, device, pad_id: int, recorded: bool, with_env: bool)
         behavior=behavior.to(device) if behavior is not None else None,
         advantages=torch.tensor(group.advantages, dtype=torch.float32, device=device),
         start=max(1, min(trained)) if trained else 1,
+        temperatures=None if temperatures is None else torch.tensor(temperatures, device=device),
     )
 
 
 def sequence_logprobs(
-    model, ids: torch.Tensor, attention: torch.Tensor, start: int, *, keep_logits: bool = True
+    model,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    start: int,
+    *,
+    keep_logits: bool = True,
+    temperatures: torch.Tensor | None = None,
 ):
     """(B, T) log p(ids[t] | ids[<t]) for t >= start (0 before), from logits of positions >= start-1
-    only (`logits_to_keep`), so the prompt's vocabulary projections are never materialised."""
+    only (`logits_to_keep`), so the prompt's vocabulary projections are never materialised.
+    `temperatures` (B,) divide each row's logits."""
     t = ids.shape[1]
     keep = t - start + 1
     if keep_logits:
@@ -113,6 +141,8 @@ def sequence_logprobs(
     logits = logits[:, :-1]
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
+    if temperatures is not None:
+        logits = logits / temperatures.to(logits.dtype)[:, None, None]
     targets = ids[:, start:].unsqueeze(-1)
     selected = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.cat([selected.new_zeros(ids.shape[0], start), selected], dim=1)
@@ -183,7 +213,7 @@ class GroupStepper:
         if not any(f["capability"] == capability for f in self.fallbacks):
             self.fallbacks.append({"capability": capability, "fallback": fallback, "reason": reason})
 
-    def _policy_logprobs(self, ids, attention, start, lengths):
+    def _policy_logprobs(self, ids, attention, start, lengths, temperatures=None):
         if self.lean_policy is not None:
             return lean_decoder.sequence_logprobs(
                 self.lean_policy,
@@ -192,16 +222,17 @@ class GroupStepper:
                 prefix=self._prefix(ids, lengths),
                 checkpoint_segments=self.config.grad_checkpoint_segments or 0,
                 head=self.head,
+                temperatures=temperatures,
             )
         if self.keep_logits:
             try:
-                return sequence_logprobs(self.model, ids, attention, start)
+                return sequence_logprobs(self.model, ids, attention, start, temperatures=temperatures)
             except TypeError as exc:  # a model without logits_to_keep
                 self.keep_logits = False
                 self._fallback(
                     "logits_to_keep", "full_logits", f"the model forward rejects logits_to_keep: {exc}"
                 )
-        return sequence_logprobs(self.model, ids, attention, start, keep_logits=False)
+        return sequence_logprobs(self.model, ids, attention, start, keep_logits=False, temperatures=temperatures)
 
     @contextmanager
     def _reference_policy(self):
@@ -246,10 +277,10 @@ class GroupStepper:
             if self.lean_policy is not None:
                 plan = self.lean_policy if self.config.kl_reference_policy.kind == "ema" else self.lean_base
                 out = lean_decoder.sequence_logprobs(
-                    plan, tensors.ids, tensors.start, prefix=prefix, head=self.head
+                    plan, tensors.ids, tensors.start, prefix=prefix, head=self.head, temperatures=tensors.temperatures
                 )
                 self.reference_path = "shared_prefix" if prefix else "batched"
-            elif prefix and self.reference_path != "batched":
+            elif prefix and self.reference_path != "batched" and tensors.temperatures is None:
                 seqs = [row[:n].tolist() for row, n in zip(tensors.ids, tensors.lengths, strict=True)]
                 try:
                     out = shared_prefix_reference_logprobs(self.model, seqs)
@@ -263,7 +294,9 @@ class GroupStepper:
                     )
             if out is None:
                 self.reference_path = self.reference_path or "batched"
-                out = self._policy_logprobs(tensors.ids, tensors.attention, tensors.start, tensors.lengths)
+                out = self._policy_logprobs(
+                    tensors.ids, tensors.attention, tensors.start, tensors.lengths, tensors.temperatures
+                )
             out = out * tensors.attention  # zero past each end, whichever layout computed it
         self._time("reference_forward_ms", started)
         width = tensors.ids.shape[1]
@@ -343,7 +376,8 @@ class GroupStepper:
 
         ids, attention = pick(tensors.ids), pick(tensors.attention)
         started = time.perf_counter()
-        policy = self._policy_logprobs(ids, attention, tensors.start, [tensors.lengths[r] for r in rows])
+        temperatures = None if tensors.temperatures is None else tensors.temperatures.index_select(0, index)
+        policy = self._policy_logprobs(ids, attention, tensors.start, [tensors.lengths[r] for r in rows], temperatures)
         self._time("policy_forward_ms", started)
         batch = GrpoBatch(
             policy_logprobs=policy,

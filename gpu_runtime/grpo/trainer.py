@@ -347,6 +347,7 @@ class _Run(RunOutputs):
                     "groups_done": done,
                     "groups_total": len(self.encoded),
                     "group_index": group.index,
+                    "kept_groups": len(self.encoded),
                     "filtered_groups": len(self.rewards) - len(self.encoded),
                     "elapsed_secs": round(time.perf_counter() - self.started, 3),
                     **figures,

@@ -139,7 +139,10 @@ def detail_lines(detail: dict) -> list[str]:
     if states.get("evaluation"):
         outcome = f" ({evaluation['outcome']})" if evaluation.get("outcome") else ""
         lines.append(f"{'evaluation':14} {evaluation.get('state')}{outcome}{_when(evaluation.get('at'))}, "
-                     f"job {evaluation.get('job_id')}")
+                     f"job {evaluation.get('job_id')}" + (f": {evaluation['reason']}" if evaluation.get("reason") else ""))
+    elif training and detail.get("post_eval"):
+        lines.append(f"{'evaluation':14} not started (post_eval on suite {detail['post_eval'].get('suite')!r} "
+                     "runs once the adapter publishes)")
     elif training:
         lines.append(f"{'evaluation':14} none (no post_eval)")
     if activation:

@@ -61,6 +61,29 @@ def test_serving_profiles(settings, profile, activity, refused):
         require_profile_allows(activity)
 
 
+def test_maintenance_admits_the_serving_canary_of_an_adapter_change(settings, monkeypatch):
+    """The canary's in-cluster completion is part of an adapter change, which maintenance admits;
+    any other in-cluster completion is inference, which it refuses."""
+    from dataclasses import replace
+
+    from adapters import canary
+    from adapters.serving import sync_client
+
+    settings.KILN = replace(settings.KILN, serving_profile="maintenance")
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with pytest.raises(KilnError) as refused:
+        sync_client.chat_completion_sync(dict(body), timeout=1)
+    assert refused.value.code == "inference_disabled_by_profile"
+    with pytest.raises(KilnError) as admitted:  # past the profile: no GPU worker in this test
+        sync_client.chat_completion_sync(dict(body), timeout=1, activity="adapter_change")
+    assert admitted.value.code == "inference_unavailable"
+    seen = {}
+    monkeypatch.setattr(sync_client, "chat_completion_sync",
+                        lambda body, timeout, activity="inference": seen.setdefault("activity", activity))
+    canary._complete(dict(body), 1.0)
+    assert seen == {"activity": "adapter_change"}
+
+
 def test_health_without_credentials_gives_status_fields_only(client, monkeypatch, settings):
     import json
 

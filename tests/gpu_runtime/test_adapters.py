@@ -154,3 +154,29 @@ def test_unknown_and_broken_adapters_fail_with_codes(adapter_sampler, adapter_di
         assert after.token_logprobs == pytest.approx(before.token_logprobs, abs=1e-6)
     tuned = sampler.generate([req("tuned", temperature=0)])[0]
     assert tuned.completion_token_ids != before.completion_token_ids
+
+
+def test_bytes_that_no_longer_match_the_registry_digest_are_not_served(tiny_model, tmp_path):
+    """With the registry's digest the resolver passes, an adapter whose files changed after
+    publication is refused (adapter_content_mismatch), both on its first load and once cached."""
+    path = make_adapter(tiny_model[0], tmp_path / "pub", seed=7)
+    published = manifest_digest(file_manifest(path, ["adapter_config.json", "adapter_model.safetensors"]))
+    registry = {"pub": (path, published)}
+    sampler = Sampler(load_model(tiny_model[0]), registry.get)
+    served = sampler.generate([req("pub", temperature=0)])[0]
+    assert served.adapter == {"name": "pub", "content_sha256": published}
+
+    weights = path / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # one flipped bit in the weights
+    weights.write_bytes(bytes(data))
+    for _ in range(2):
+        handle = sampler.submit(req("pub", temperature=0))
+        sampler.step()
+        with pytest.raises(SampleRequestError) as info:
+            handle.result(timeout=5)
+        assert info.value.code == "adapter_content_mismatch"
+        assert published in info.value.message and "kiln adapters verify pub" in info.value.message
+    # Republished (the registry now holds the new digest): served again.
+    registry["pub"] = (path, manifest_digest(file_manifest(path, ["adapter_config.json", "adapter_model.safetensors"])))
+    assert sampler.generate([req("pub", temperature=0)])[0].adapter["content_sha256"] == registry["pub"][1]

@@ -12,8 +12,8 @@ from gpu_runtime.grpo.recorded import verify_recorded_groups
 from tests.grpo.tiny_support import arithmetic_tasks, exact_match_reward, run, train_request
 
 
-@pytest.fixture(scope="module")
-def recorded(tiny_model_dir):
+def sample_groups(tiny_model_dir, temperature: float):
+    """Two arithmetic groups of four completions sampled by the project's sampler, with provenance."""
     import torch
 
     from core.contracts.provenance import build_rollout_provenance
@@ -33,7 +33,7 @@ def recorded(tiny_model_dir):
             requests = [
                 SampleRequest(
                     messages=messages,
-                    sampling=SamplingParams(temperature=1.0, max_tokens=6),
+                    sampling=SamplingParams(temperature=temperature, max_tokens=6),
                     seed=100 * g + i,
                     enable_thinking=False,
                 )
@@ -52,6 +52,11 @@ def recorded(tiny_model_dir):
     finally:
         torch.set_num_threads(threads)
     return loaded, groups
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_model_dir):
+    return sample_groups(tiny_model_dir, 1.0)
 
 
 def _drift(groups, loaded, base_adapter=None) -> RecordedProvenanceError:
@@ -327,3 +332,31 @@ def test_only_plain_base_model_samples_stand_in_for_the_reference(recorded, edit
     else:
         edited["sampling"][key] = value
     assert not behavior_is_reference(SimpleNamespace(completions=items), sha)
+
+
+@pytest.mark.parametrize("layout", ["lean", "transformers"])
+def test_samples_drawn_below_temperature_one_are_on_policy_for_a_fresh_adapter(
+    tiny_model_dir, tmp_path, one_thread, monkeypatch, layout
+):
+    """The behavior log-probs of a completion sampled at temperature 0.7 are those of the tempered
+    distribution; the policy and the KL reference are read at the same temperature, so the first
+    step's ratio is 1 and its KL 0 (read at temperature 1 they were 0.5-1.6 and tokens were clipped
+    as if the data were off-policy)."""
+    from gpu_runtime import lean_decoder
+
+    _, groups = sample_groups(tiny_model_dir, 0.7)
+    if layout == "transformers":
+        def unsupported(model, **_):
+            raise lean_decoder.LeanUnsupported("test: take the transformers forward")
+
+        monkeypatch.setattr(lean_decoder, "plan_for", unsupported)
+    result = run(train_request(tiny_model_dir, groups[:1], tmp_path, "warm", **RECORDED_KL))
+    receipt = result.receipt
+    sampling = receipt["grpo"]["policy_audit"]["importance_sampling"]
+    assert sampling["min_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert sampling["max_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert sampling["action_tokens"] > 0
+    first = receipt["loss_history"][0]
+    assert first["kl_estimator_mean"] == pytest.approx(0.0, abs=1e-6)
+    took_transformers = any(f["capability"] == "lean_forward" for f in receipt["fallbacks"])
+    assert took_transformers == (layout == "transformers")

@@ -58,6 +58,13 @@ def test_a_failed_canary_quarantines_and_the_previous_adapter_stays(solo, canary
     assert row.to_state == "quarantined" and reason in row.reason
     assert solo.get("/v1/adapters/r2").json()["status"] == "quarantined"
     assert not Receipt.objects.filter(kind="activation", subject="r2").exists()
+    # A quarantined adapter is neither served by name nor promoted.
+    chat = {"model": "tiny", "adapter": "r2", "messages": [{"role": "user", "content": "hi"}]}
+    response = send(solo, "/v1/chat/completions", chat)
+    assert "quarantined" in error(response, 409, "adapter_quarantined")
+    assert "--allow-quarantined" in response.json()["error"]["hint"]
+    error(send(solo, "/v1/adapters/r2/activate", {"reason": "try"}), 409, "adapter_quarantined")
+    assert not Promotion.objects.filter(candidate="r2").exists()
 
     getattr(canary_worker, fault).clear()  # fixed, but quarantined: only with the override
     error(send(solo, "/v1/adapters/load", {"name": "r2"}), 409, "adapter_quarantined")
@@ -86,7 +93,8 @@ def test_an_approved_promotion_whose_canary_fails_ends_failed(home, canary_worke
     assert promotion.state == "failed" and "adapter_load_failed" in promotion.reason
     assert adapter_active().name == "inc" and Adapter.objects.get(name="cand").quarantined
     job = Job.objects.get(id=promotion.activation_job_id)
-    assert job.state == "completed" and job.result["activated"] is False and job.result["quarantined"] is True
+    assert job.state == "failed" and job.error_code == "adapter_load_failed"
+    assert job.result["activated"] is False and job.result["quarantined"] is True
 
 
 def test_an_activation_job_that_dies_fails_its_promotion(home, canary_worker, django_capture_on_commit_callbacks):
@@ -214,3 +222,13 @@ def test_train_status_prints_the_gates_evidence():
     assert "evaluation     completed (promoted) at T2, job e1" in lines and "activation     active at T3" in lines
     assert ("evidence       promoted: accuracy 0.25 (base) -> 0.75 (minimum 0.5), improved 9 regressed 1 tied 10 "
             "of 20, p 0.0107, eval job e1") in lines
+    # Before the post-eval starts, a run with post_eval says so; a gate that ended `error` says why.
+    running = {"job_id": "j2", "state": "running", "post_eval": {"suite": "math-holdout", "min_accuracy": 0.5},
+               "states": {"training": {"state": "running", "at": None}, "evaluation": None, "activation": None}}
+    assert ("evaluation     not started (post_eval on suite 'math-holdout' runs once the adapter publishes)"
+            in detail_lines(running))
+    errored = {**detail, "states": {**detail["states"], "evaluation": {
+        "job_id": "e2", "state": "completed", "outcome": "error", "at": "T4",
+        "reason": "the evaluation could not be queued: inference_disabled_by_profile"}}}
+    assert ("evaluation     completed (error) at T4, job e2: the evaluation could not be queued: "
+            "inference_disabled_by_profile") in detail_lines(errored)

@@ -35,6 +35,23 @@ def test_an_uninstalled_suite_is_refused(api, home):
     assert not Job.objects.exists()
 
 
+def test_post_eval_under_the_maintenance_profile_is_refused_before_it_trains(api, home, settings):
+    """Maintenance refuses evaluation: a gate could only end in error, so the run is not queued; the
+    same run without post_eval trains (maintenance admits training)."""
+    from dataclasses import replace
+
+    _suite("later", [_example(1, "What is 100 + 100?")])
+    settings.KILN = replace(settings.KILN, serving_profile="maintenance")
+    body = {"groups": [group(1), group(2)], "config": {"output_name": "m-r001"},
+            "post_eval": {"suite": "later", "min_accuracy": 0.5}}
+    response = _train(api, body)
+    assert "maintenance serving profile refuses" in error(response, 503, "inference_disabled_by_profile")
+    assert "without post_eval" in response.json()["error"]["hint"]
+    assert not Job.objects.exists()
+    ok(_train(api, {**body, "post_eval": None}))
+    assert Job.objects.count() == 1
+
+
 @pytest.mark.parametrize("content, kind", [
     ("What is 3 + 3?", "exact_prompt"),
     ("  what IS 3  +   3? ", "normalized_prompt"),

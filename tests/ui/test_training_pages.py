@@ -324,6 +324,39 @@ def test_a_half_written_receipt_does_not_break_the_pages(operator_client, operat
     assert api.json()["metadata_error"].startswith("train_receipt.json could not be read (JSONDecodeError")
 
 
+def test_a_failed_jobs_page_does_not_claim_a_later_jobs_adapter(operator_client, operator, tmp_path):
+    """A failed run releases its output name; another job may publish under it. The failed job's
+    page must not show that adapter, its digest or its receipt link as its own output."""
+    from adapters.services import adapter_release
+
+    failed = _running_training_job(operator)
+    failed_receipt = {**RECEIPT, "status": "failed", "failure_reason": "zero_groups",
+                      "data": {"groups_read": 4, "groups_filtered": 4, "groups_trained": 0}}
+    job_services.job_fail(job=failed, code="zero_groups", message="every group was filtered",
+                          result={"train_receipt": failed_receipt})
+    adapter_release(name="math-r001", reason="the run failed")
+    later = _published_with_receipt(operator, tmp_path, json.dumps(RECEIPT))
+    assert later.id != failed.id
+    html = operator_client.get(f"/ui/jobs/{failed.uuid}/").content.decode()
+    section = html[html.index('id="training-adapter"'):]
+    section = section[:section.index("</dd>")]
+    assert 'badge adapter-published' not in section and "another job's adapter now" in section
+    assert "sha256:abababababab" not in html
+    assert "/v1/adapters/math-r001/receipt" not in html
+    # Its own page still shows the adapter as its output.
+    own = operator_client.get(f"/ui/jobs/{later.uuid}/").content.decode()
+    assert 'badge adapter-published">published<' in own and "/v1/adapters/math-r001/receipt" in own
+
+
+def test_kept_and_filtered_groups_come_from_the_receipt_when_no_step_ran(operator_client, operator, tmp_path):
+    job = _published_with_receipt(operator, tmp_path, json.dumps(RECEIPT))  # no progress was reported
+    html = operator_client.get(f"/ui/jobs/{job.uuid}/").content.decode()
+    kept = html[html.index('id="training-kept"'):]
+    kept = kept[:kept.index("</dd>")]
+    assert '<span class="mono">9</span>' in kept and "(75%)" in kept
+    assert 'id="training-filtered"><span class="mono">3</span>' in html
+
+
 # ---- adapters ---------------------------------------------------------------------------------
 
 def test_adapters_page_lists_rows(operator_client, operator, tmp_path):

@@ -84,3 +84,13 @@ def test_batched_shape_and_the_lm_head_wrapper(loaded):
     got = fused_lm_logprobs(plan, hidden, targets)
     assert got.shape == (2, 5)
     torch.testing.assert_close(got, lean_decoder.lm_logprobs(plan, hidden, targets), atol=2e-5, rtol=1e-5)
+    # Per-row sampling temperatures divide the logits on both paths (the fused one scales the
+    # normed hidden state instead), and they change the values.
+    temperature = torch.tensor([0.7, 1.3])[:, None, None]
+    tempered = fused_lm_logprobs(plan, hidden, targets, temperature=temperature)
+    want = lean_decoder.lm_logprobs(plan, hidden, targets, temperature)
+    torch.testing.assert_close(tempered, want, atol=2e-5, rtol=1e-5)
+    logits = lean_decoder.lm_logits(plan, hidden) / temperature
+    exact = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    torch.testing.assert_close(want, exact, atol=2e-5, rtol=1e-5)
+    assert (tempered - got).abs().max() > 1e-3
