@@ -78,10 +78,8 @@ def chat_completion_sync(body: dict, timeout: float = 900.0, *, activity: str = 
     `inference_worker_lost`. `activity` is what the serving profile must admit: the serving canary
     of an adapter change says "adapter_change", which maintenance admits.
     """
-    from adapters.serving.selectors import require_inference_ready
+    from adapters.serving.selectors import require_inference_ready, require_servable_adapter
     from core.profiles import require_profile_allows
-
-    from adapters.serving.selectors import require_servable_adapter
 
     require_profile_allows(activity)
     parsed = validate_body(body)
