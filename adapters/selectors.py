@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition, Promotion
+from core.jobs.error_hints import job_error
 from core.jobs.models import Job, JobState
 from core.models import Receipt, ReceiptKind
 
@@ -106,7 +107,7 @@ def job_summary(job: Job | None) -> dict | None:
             "submitted_by": job.submitted_by.username if job.submitted_by_id else None,
             "final_step": result.get("final_step"), "total_steps": result.get("total_steps"),
             "effective_seed": result.get("effective_seed"),
-            "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None}
+            "error": job_error(job)}
 
 
 def _post_eval_job(training_job: Job | None) -> Job | None:

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from core.canonical import sha256_digest
+from core.jobs.error_hints import job_error
 from core.jobs.kinds import JobSection
 from core.jobs.models import Job, JobState
 from evaluations.eval_payloads import KIND, OUTCOME_KINDS, EvalJobPayload, target_label
@@ -119,7 +120,7 @@ def eval_summary(job) -> dict:
                                                                           len(payload.targets)),
         "accuracy": result.get("accuracy"), "replay_status": replay["status"] if replay else None,
         "origin": payload.origin, "created_at": job.created_at, "finished_at": job.finished_at,
-        "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
+        "error": job_error(job),
     }
 
 

@@ -19,7 +19,38 @@ from core.errors import KilnError, error_envelope
 
 log = logging.getLogger(__name__)
 
-api = NinjaAPI(
+API_ERROR_SCHEMA = {
+    "title": "ApiError",
+    "type": "object",
+    "description": "Every failure: a stable machine-readable code, a message for people, and a hint that "
+                   "names the fix (empty when there is nothing more to say).",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["code", "message", "hint"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "hint": {"type": "string"}},
+    }},
+}
+HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+
+
+class KilnNinjaAPI(NinjaAPI):
+    """NinjaAPI whose OpenAPI document declares the error envelope: each operation lists its success
+    status plus `default: ApiError` (spec §1.0), since every failure, whatever route, has that shape."""
+
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        schema.setdefault("components", {}).setdefault("schemas", {})["ApiError"] = API_ERROR_SCHEMA
+        error = {"description": "Error: {error: {code, message, hint}}",
+                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ApiError"}}}}
+        for item in schema.get("paths", {}).values():
+            for method, operation in item.items():
+                if method in HTTP_METHODS and isinstance(operation, dict):
+                    operation.setdefault("responses", {}).setdefault("default", error)
+        return schema
+
+
+api = KilnNinjaAPI(
     title="Kiln API",
     version="1",
     description="Kiln training and agent control plane: jobs, inference, GRPO training, adapters, evaluations.",
@@ -63,6 +94,11 @@ def _validation_error(request, exc: NinjaValidationError):
 
 @api.exception_handler(AuthenticationError)
 def _unauthorized(request, exc):
+    if request.headers.get("Authorization", "").strip():  # a credential was sent and refused
+        return _respond(request, 401, "unauthorized",
+                        "the credentials were not accepted: the bearer token is unknown, revoked or expired",
+                        "send Authorization: Bearer <token> with a live token (create one with: kiln token create "
+                        "USER)")
     return _respond(request, 401, "unauthorized", "authentication required",
                     "send Authorization: Bearer <token> (create one with: kiln token create USER)")
 

@@ -106,7 +106,9 @@ def train_cancel(request, job_id: str):
     require_permission(request, "submit_job")
     job = _job_or_404(job_id)
     if job.state in TERMINAL_STATES:
-        raise KilnError("training_job_not_cancellable", f"job {job_id} is already {job.state}", status=409)
+        raise KilnError("training_job_not_cancellable", f"job {job_id} is already {job.state}", status=409,
+                        hint="only queued and running jobs can be cancelled; see its outcome with GET "
+                             f"/v1/train/jobs/{job_id}")
     job = job_services.job_cancel(job=job, user=request.user)
     if job.state == "running":
         return {"status": "cancelling", "job_id": job_id,

@@ -98,6 +98,7 @@ class GrpoQueued(Schema):
 class TrainingErrorOut(Schema):
     code: str
     message: str
+    hint: str = ""  # what to do about it (core.jobs.error_hints)
 
 
 class TrainingStatus(Schema):

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from adapters.models import Adapter
 from adapters.selectors import adapter_promotion
+from core.jobs.error_hints import job_error
 from core.jobs.models import Job, JobState
 from training.payloads import GrpoJobPayload
 
@@ -104,7 +105,7 @@ def training_status(job: Job) -> dict:
     payload = GrpoJobPayload.of(job)
     started = job.started_at
     end = job.finished_at or timezone.now()
-    error = {"code": job.error_code, "message": job.error_message} if job.error_code else None
+    error = job_error(job)
     return {
         "job_id": str(job.uuid),
         "state": job.state,

@@ -32,7 +32,28 @@ from training.payloads import GrpoJobPayload
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
 
 
+# The fix for a refusal on a field, where the raising site has nothing more specific to say.
+FIELD_HINTS = (
+    ("source", "send exactly one of groups (inline), dataset_path (a JSONL file on the server) or dataset "
+               "(a registered dataset's name)"),
+    ("dataset_split", "dataset_split picks a partition of a named dataset (with dataset, not groups or dataset_path)"),
+    ("dataset_path", "an absolute path to a JSONL file of groups under one of the server's allowed roots"),
+    ("dataset", "list registered datasets with GET /v1/eval/datasets"),
+    ("config.base_adapter", "list published adapters with `kiln adapters list`; the first round starts from the "
+                            "base model (leave base_adapter out)"),
+    ("config", "see the defaults in GET /v1/config and the fields in the README's training reference"),
+    ("post_eval", "post_eval is {suite, min_accuracy?, data_scope?}: an installed suite (kiln eval suites list) "
+                  "and a minimum accuracy in [0, 1]"),
+    ("request", "send one JSON object: {groups | dataset_path | dataset, config, post_eval?}"),
+)
+GROUP_HINT = ("each group is {messages, completions: [{text, reward}, ...]} with at least two completions and "
+              "finite rewards (rollout-generate writes this format)")
+
+
 def _invalid(message: str, field: str, hint: str = "") -> KilnError:
+    if not hint:
+        hint = next((text for prefix, text in FIELD_HINTS if field == prefix or field.startswith(prefix + ".")),
+                    GROUP_HINT if field.startswith(("groups", "rollouts", "line", "group")) else "")
     return KilnError("training_invalid_request", f"{field}: {message}", hint=hint, status=400, field=field)
 
 
@@ -126,7 +147,8 @@ def _parse_submission(body: dict) -> tuple[GrpoSubmission, dict[str, str]]:
     except GrpoConfigError as exc:
         field = exc.field if exc.field.startswith(("config", "post_eval")) else f"config.{exc.field}"
         hint = exc.hint or ("this config combines the request with the server's [training.defaults] (GET /v1/config)"
-                            if field.startswith("config") and "server_defaults" in sources.values() else "")
+                            if field.startswith("config") and "server_defaults" in sources.values()
+                            else _invalid("", field).hint)
         raise KilnError(getattr(exc, "code", "training_invalid_request"), f"{field}: {exc.message}",
                         status=400, field=field, hint=hint) from None
 

@@ -25,6 +25,16 @@ _STATUS = {"invalid_request": 400, "context_length_exceeded": 400, "adapter_not_
            "adapter_content_mismatch": 409, "adapter_load_failed": 500, "sampler_stopped": 503, "generation_failed": 500}
 
 
+_HINTS = {
+    "adapter_not_found": "list published adapters with GET /v1/adapters; leave adapter out for the active one, "
+                         "or send \"base\" for the base model",
+    "adapter_content_mismatch": "the adapter's files changed after publication: republish it under a new name, "
+                                "or restore its files (kiln adapters verify NAME says which changed)",
+    "adapter_load_failed": "the adapter's config and weights do not fit this model: check the adapter folder",
+    "context_length_exceeded": "shorten the messages or lower max_tokens",
+}
+
+
 class ModelHost:
     def __init__(self):
         self.loaded = None
@@ -203,7 +213,7 @@ def chat_completion(body, *, emit=None) -> dict:
     except SampleRequestError as exc:
         for handle in handles:
             handle.cancel()
-        raise KilnError(exc.code, exc.message, status=_STATUS.get(exc.code, 500)) from None
+        raise KilnError(exc.code, exc.message, status=_STATUS.get(exc.code, 500), hint=_HINTS.get(exc.code, "")) from None
     set_worker_status(resident_adapters=host.sampler.resident_adapters())  # the heartbeat carries it
     choices = [_choice(i, r, messages=messages, with_provenance=body.rollout_provenance) for i, r in enumerate(results)]
     usage = {key: sum(r.usage.get(key, 0) for r in results)

@@ -6,6 +6,8 @@ from datetime import datetime
 
 from ninja import Schema
 
+from core.jobs.error_hints import job_error
+
 
 class JobEventOut(Schema):
     id: int
@@ -56,7 +58,7 @@ def job_out(job, *, position: int | None = None) -> dict:
         "progress_message": job.progress_message,
         "metrics": job.metrics,
         "result": job.result,
-        "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
+        "error": job_error(job),
         "cancel_requested": job.cancel_requested,
         "queue_position": position,
         "submitted_by": job.submitted_by.username if job.submitted_by_id else None,

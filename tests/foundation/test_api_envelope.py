@@ -139,6 +139,10 @@ def test_anonymous_api_only_when_enabled_and_from_loopback(client, settings):
     from dataclasses import replace
 
     _assert_envelope(client.get("/v1/jobs"), 401, "unauthorized")
+    # A token that was sent and refused is named as such, not as a missing credential.
+    refused = client.get("/v1/jobs", HTTP_AUTHORIZATION="Bearer not-a-token")
+    _assert_envelope(refused, 401, "unauthorized")
+    assert "not accepted" in refused.json()["error"]["message"]
     settings.KILN = replace(settings.KILN, allow_anonymous_api=True)
     assert client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1").status_code == 200
     _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="10.1.2.3"), 401, "unauthorized")
@@ -150,6 +154,16 @@ def test_openapi_and_offline_docs(client, api):
     client = api
     spec = client.get("/v1/openapi.json").json()
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/config"} <= set(spec["paths"])
+    # Every operation declares its success status and `default: ApiError` (spec §1.0).
+    error = spec["components"]["schemas"]["ApiError"]
+    assert error["properties"]["error"]["required"] == ["code", "message", "hint"]
+    operations = [(path, method, op) for path, item in spec["paths"].items() for method, op in item.items()]
+    assert len(operations) > 40
+    for path, method, op in operations:
+        codes = set(op["responses"])
+        assert "default" in codes and codes - {"default"}, (path, method, codes)
+        ref = op["responses"]["default"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref == "#/components/schemas/ApiError"
     docs = client.get("/v1/docs")
     assert docs.status_code == 200
     html = docs.content.decode()
