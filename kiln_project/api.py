@@ -131,8 +131,29 @@ def _too_large(request, exc):
                     f"the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (KILN_MAX_REQUEST_BYTES)")
 
 
+def _broker_down(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) is Redis not answering: refused, reset or timed out."""
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+    except ImportError:  # pragma: no cover - redis is a dependency
+        return False
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 @api.exception_handler(Exception)
 def _internal(request, exc):
+    if _broker_down(exc):  # the message broker is down or stalled: a service outage, not a server fault
+        log.warning("%s %s: the message broker did not answer: %s", request.method, request.path, exc)
+        return _respond(request, 503, "service_unavailable", f"the message broker (Redis) did not answer: {exc}",
+                        "retry shortly; GET /health shows the broker's state (kiln serve restarts its private "
+                        "Redis, or check KILN_REDIS_URL)", headers={"Retry-After": "5"})
     log.exception("unhandled error in %s %s", request.method, request.path)
     return _respond(request, 500, "internal_error", "the server failed to handle this request",
                     "see the server log for the traceback")

@@ -5,7 +5,8 @@ replay_path=None)` rehashes and cross-checks the three files and reconstructs th
 plan; the first inconsistency raises `VerificationError` naming the file and the field. In order:
 1. the summary: bounded, strict JSON in its one canonical form (pretty, trailing newline), the
    known fields only, the v5 schema;
-2. the files it names (or those given): their bytes and SHA-256 equal the summary's;
+2. the files it names (or those given; by default the same file names beside the summary, else the
+   stored paths): their bytes and SHA-256 equal the summary's;
 3. the replay: schema, client profile, the dataset digest, the digest of the summary's
    configuration, protocol_error_reward and max_steps, the environments;
 4. the reset plan: group g has seed seed_start + g, environment g % n, and a reset payload equal to
@@ -302,12 +303,21 @@ def _dataset(data: bytes, replay: dict, summary: dict) -> list:
     return corpus.groups
 
 
+def _beside(summary_path: Path, stored: str) -> Path:
+    """The file the summary names, looked up first next to the summary itself.
+
+    The guide says to archive the three files together, so an archived copy must be checked against its
+    own neighbours, not against the absolute path recorded where it was collected."""
+    neighbour = summary_path.parent / Path(stored).name
+    return neighbour if neighbour.is_file() else Path(stored)
+
+
 def verify(summary_path: Path | str, *, dataset_path: Path | str | None = None,
            replay_path: Path | str | None = None) -> Verified:
     summary_path = Path(summary_path)
     summary = _summary(_read(summary_path, "summary"))
-    dataset_path = Path(dataset_path or summary["output_path"])
-    replay_path = Path(replay_path or summary["replay_output_path"])
+    dataset_path = Path(dataset_path or _beside(summary_path, summary["output_path"]))
+    replay_path = Path(replay_path or _beside(summary_path, summary["replay_output_path"]))
     dataset = _read(dataset_path, "dataset")
     replay_bytes = _read(replay_path, "replay")
     _same("dataset (bytes)", len(dataset), summary["dataset_bytes"])

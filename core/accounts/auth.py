@@ -30,7 +30,9 @@ class LoopbackAnonymous(AnonymousUser):
 
 
 # Token guessing: this many wrong bearer tokens from one client address within the window, and
-# every bearer request from there answers 429 with Retry-After until the window has passed.
+# every further wrong token from there answers 429 with Retry-After until the window has passed.
+# A valid token is always answered: the address may be a proxy the whole team shares, and one
+# script with a stale token must not lock everyone out (tokens are too long to guess anyway).
 BAD_TOKEN_LIMIT = 20
 BAD_TOKEN_WINDOW_SECONDS = 300
 
@@ -44,7 +46,8 @@ def _check_token_throttle(request) -> None:
 
     if cache.get(_bad_token_key(request), 0) >= BAD_TOKEN_LIMIT:
         raise KilnError("too_many_requests", "too many wrong API tokens from this address", status=429,
-                        hint=f"wait {BAD_TOKEN_WINDOW_SECONDS} s; create a token with: kiln token create USER",
+                        hint=f"check the token you send (a valid one is still answered); wrong tokens are refused "
+                             f"for {BAD_TOKEN_WINDOW_SECONDS} s; create a token with: kiln token create USER",
                         headers={"Retry-After": str(BAD_TOKEN_WINDOW_SECONDS)})
 
 
@@ -63,19 +66,18 @@ def api_auth(request):
     """ninja auth callable: the authenticated user, or None (answered as 401 `unauthorized`)."""
     header = request.headers.get("Authorization", "")
     if header:
-        _check_token_throttle(request)
         scheme, _, secret = header.partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            _count_bad_token(request)
-            return None
-        from core.accounts.services import token_authenticate
+        user = None
+        if scheme.lower() == "bearer" and secret.strip():
+            from core.accounts.services import token_authenticate
 
-        user = token_authenticate(secret=secret.strip())
+            user = token_authenticate(secret=secret.strip())
         if user is not None:
             request.user = user
-        else:
-            _count_bad_token(request)
-        return user
+            return user
+        _check_token_throttle(request)
+        _count_bad_token(request)
+        return None
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         if request.method not in ("GET", "HEAD", "OPTIONS") and check_csrf(request) is not None:

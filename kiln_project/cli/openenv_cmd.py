@@ -102,8 +102,10 @@ def _rollout_args(sub, common) -> None:
 def _artifact_args(parser) -> None:
     parser.add_argument("summary_file", nargs="?", metavar="SUMMARY", help="the rollout summary (or --summary)")
     parser.add_argument("--summary", type=Path, help="the rollout summary JSON")
-    parser.add_argument("--dataset", type=Path, help="the JSONL (default: the summary's output_path)")
-    parser.add_argument("--replay", type=Path, help="the replay transcript (default: the summary's replay_output_path)")
+    parser.add_argument("--dataset", type=Path, help="the JSONL (default: the summary's output_path file name beside "
+                        "the summary, else that stored path)")
+    parser.add_argument("--replay", type=Path, help="the replay transcript (default: the summary's replay_output_path "
+                        "file name beside the summary, else that stored path)")
 
 
 def _environment_args(parser) -> None:

@@ -399,6 +399,19 @@ def _outcome(status: dict) -> int:
     return 0
 
 
+def post_eval_text(evaluation: dict) -> str:
+    """One post-evaluation (§1.6 post_evaluations): the eval job, its progress and accuracy, the gate."""
+    text = (f"{evaluation.get('suite_name')} job {evaluation['job_id']}: {evaluation['state']} "
+            f"{evaluation.get('examples_completed', 0)}/{evaluation.get('examples_total', 0)} examples")
+    if isinstance(evaluation.get("headline_accuracy"), int | float):
+        text += f" · accuracy {evaluation['headline_accuracy']:.4g}"
+    if evaluation.get("gate_outcome"):
+        text += f" · gate {evaluation['gate_outcome']}"
+    if evaluation.get("error"):
+        text += f" · {evaluation['error'].get('code')}: {evaluation['error'].get('message')}"
+    return text
+
+
 def _show(status: dict, args) -> int:
     if args.json:
         print_json(status)
@@ -418,6 +431,8 @@ def _show(status: dict, args) -> int:
         training = status["training"]
         print(f"training  job {training['job_id']} → {training.get('adapter_name')}: {training['state']}"
               f"{_trainer_text(status).split(training['state'], 1)[-1]}")
+    for evaluation in status.get("post_evaluations") or []:
+        print(f"post-eval {post_eval_text(evaluation)}")
     for warning in status.get("warnings") or []:
         print(f"warning   {warning}")
     for artifact in status.get("artifacts") or []:

@@ -43,6 +43,10 @@ def redis_server_binary() -> str:
     return str(binary)
 
 
+# How often `kiln serve` checks for queued jobs whose wake-up was lost (core.jobs.dispatch).
+STALL_CHECK_SECONDS = 10.0
+
+
 class Supervisor:
     def __init__(self, config):
         self.config = config
@@ -51,6 +55,7 @@ class Supervisor:
         self.stop_requested = threading.Event()
         self.started_at: dict[str, float] = {}
         self.quick_exits: dict[str, int] = {}
+        self.last_stall_check = time.monotonic()
 
     def spawn(self, name: str, argv: list[str]) -> None:
         self.commands[name] = argv
@@ -97,8 +102,26 @@ class Supervisor:
                 child.wait()
             print(f"kiln: stopped {name}", flush=True)
 
+    def wake_stalled_queues(self) -> None:
+        """Every STALL_CHECK_SECONDS: re-send the wake-up of a queue whose jobs wait with nothing running."""
+        now = time.monotonic()
+        if now - self.last_stall_check < STALL_CHECK_SECONDS:
+            return
+        self.last_stall_check = now
+        from core.jobs.dispatch import wake_stalled_queues
+
+        try:
+            woken = wake_stalled_queues()
+        except Exception as exc:  # noqa: BLE001 - the database or Redis may be down for a moment
+            print(f"kiln: could not check the queues: {exc}", flush=True)
+            return
+        if woken:
+            print(f"kiln: woke {', '.join(woken)} (queued jobs waited with nothing running)", flush=True)
+
     def watch(self) -> int:
         while not self.stop_requested.wait(0.5):
+            if "web" in self.children:  # started: the workers and the database are up
+                self.wake_stalled_queues()
             for name, child in list(self.children.items()):
                 code = child.poll()
                 if code is None or self.stop_requested.is_set():
@@ -107,7 +130,13 @@ class Supervisor:
                 self.quick_exits[name] = self.quick_exits.get(name, 0) + 1 if quick else 0
                 # the web process holds no state (jobs live in the database and the workers): a crash
                 # of it is restarted like a worker's, and running training goes on meanwhile
-                if name in (*WORKERS, "web") and self.quick_exits[name] < 3:
+                if name == "redis" and self.quick_exits[name] < 3:
+                    # The private Redis keeps nothing (the database is the truth): a fresh one on the same
+                    # socket, and the stalled-queue check re-sends the wake-ups it lost.
+                    print(f"kiln: redis exited with {code}; restarting it", flush=True)
+                    self.start_redis()
+                    self.last_stall_check = 0.0
+                elif name in (*WORKERS, "web") and self.quick_exits[name] < 3:
                     print(f"kiln: {name} exited with {code}; restarting it", flush=True)
                     time.sleep(1)
                     self.spawn(name, self.commands[name])

@@ -13,6 +13,8 @@
   openenv.runs.selectors); the cards poll it every 2 s while any run is not terminal. Cancel is a
   POST to openenv.runs.services.run_cancel. Artifact links are the API's download route (the
   browser session authenticates it), which re-checks every file before streaming it.
+- The cards are the newest CARD_LIMIT runs; "Older runs" pages on with `?before=<sequence>`, and
+  `?run=<id>` (each card's id links there) shows that one run, however old.
 
 The OpenEnv app sits above training in the layers, so its page lives in the wiring; this module
 holds no run rule. Web-facing: never imports torch, transformers, peft or gpu_runtime.
@@ -127,11 +129,36 @@ def _with_curves(item: dict) -> dict:
     return item
 
 
-def cards_context() -> dict:
-    from openenv.runs.selectors import runs_status_list
+def _selection(query) -> dict:
+    """Which cards the page shows: `?run=<id>` that run alone, `?before=<sequence>` the page of runs
+    older than it, else the newest. A malformed value shows the newest (a stale link, not an error)."""
+    run_id = _uuid(query.get("run"))
+    if run_id:
+        return {"run": run_id}
+    before = query.get("before", "")
+    return {"before": int(before)} if before.isdigit() else {}
 
-    cards = [_with_curves(card(status)) for status in runs_status_list(limit=CARD_LIMIT)["runs"]]
-    return {"cards": cards, "any_active": any(c["active"] for c in cards)}
+
+def cards_context(selection: dict | None = None) -> dict:
+    from openenv.runs.selectors import run_get, run_status, runs_status_list
+
+    selection = selection or {}
+    older = None
+    if "run" in selection:
+        run = run_get(run_id=selection["run"])
+        if run is None:
+            raise Http404("no such OpenEnv run")
+        statuses = [run_status(run)]
+    else:
+        # one more than a page: whether an older page exists, without a count
+        statuses = runs_status_list(limit=CARD_LIMIT + 1, before=selection.get("before"))["runs"]
+        if len(statuses) > CARD_LIMIT:
+            statuses = statuses[:CARD_LIMIT]
+            older = statuses[-1]["admission"]["sequence"]
+    cards = [_with_curves(card(status)) for status in statuses]
+    # the polling fragment keeps the page's selection, so a refresh does not jump back to the newest
+    return {"cards": cards, "any_active": any(c["active"] for c in cards), "older_before": older,
+            "selection_query": "".join(f"&{key}={value}" for key, value in selection.items())}
 
 
 # --- pages --------------------------------------------------------------------------------------
@@ -154,7 +181,7 @@ def _render(request, *, values: dict, error: KilnError | None = None, status: in
         "data_scopes": DATA_SCOPES,
         "min_gate_groups": MIN_GATE_GROUPS,
         "credential_handles": _credential_handles(),
-        **cards_context(),
+        **cards_context(_selection(request.GET)),
         **table_context(jobs_for_table(category="openenv"), category="openenv"),
     }
     return render(request, PAGE, context, status=status)
@@ -165,7 +192,7 @@ def openenv_page(request):
     """GET: the form and the run cards (`?fragment=runs`: the cards alone). POST: submit a run."""
     if request.method != "POST":
         if request.GET.get("fragment") == "runs":
-            return render(request, f"{CARDS}#runs", {**cards_context(),
+            return render(request, f"{CARDS}#runs", {**cards_context(_selection(request.GET)),
                                                      "can_submit": request.user.has_perm("jobs.submit_job")})
         return _render(request, values=form.blank_values())
     values = form.form_values(request.POST)

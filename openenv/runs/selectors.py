@@ -53,8 +53,12 @@ def run_get(*, run_id: str) -> OpenEnvRun | None:
     return OpenEnvRun.objects.select_related("job", "training_job", "environment_eval_job").filter(id=key).first()
 
 
-def run_list(*, limit: int = 200):
-    return OpenEnvRun.objects.select_related("job", "training_job", "environment_eval_job").order_by("-sequence")[:limit]
+def run_list(*, limit: int = 200, before: int | None = None):
+    """The newest runs first; `before` (a sequence) pages past the ones already shown."""
+    runs = OpenEnvRun.objects.select_related("job", "training_job", "environment_eval_job").order_by("-sequence")
+    if before is not None:
+        runs = runs.filter(sequence__lt=before)
+    return runs[:limit]
 
 
 def queue_position(run: OpenEnvRun) -> int | None:
@@ -117,22 +121,43 @@ def run_record(run: OpenEnvRun, *, live: bool = False) -> dict:
 
 
 def _post_evaluations(job) -> list[dict]:
+    """The training job's post-evaluation as §1.6 lists it.
+
+    `training.post_eval` is a wrapper: it queues an `eval.run` job and records only its id
+    (`linked_eval_job_ids`, or `metrics.eval_job_id` while it waits). Progress, accuracy and the id
+    to follow are the eval job's; the gate outcome and the verdict stay the wrapper's. Until the eval
+    job exists (or if it was deleted) the wrapper stands in, with no examples counted yet."""
+    from core.jobs.models import Job
     from training.selectors import post_eval_job
 
-    evaluation = post_eval_job(job)
-    if evaluation is None:
+    wrapper = post_eval_job(job)
+    if wrapper is None:
         return []
-    result, metrics = evaluation.result or {}, evaluation.metrics or {}
-    entry = {"job_id": str(evaluation.uuid), "suite_name": (evaluation.payload.get("post_eval") or {}).get("suite"),
-             "state": evaluation.state, "examples_completed": metrics.get("examples_completed", 0),
-             "examples_total": metrics.get("examples_total", 0), "gate_outcome": result.get("gate_outcome"),
-             "post_eval_verdict": result.get("post_eval_verdict")}
-    accuracy = metrics.get("headline_accuracy", result.get("headline_accuracy"))
+    verdict = wrapper.result or {}
+    linked = verdict.get("linked_eval_job_ids") or [(wrapper.metrics or {}).get("eval_job_id")]
+    evaluation = Job.objects.filter(uuid=linked[0]).first() if linked[0] else None
+    shown = evaluation or wrapper
+    metrics = shown.metrics or {}
+    entry = {"job_id": str(shown.uuid), "suite_name": (wrapper.payload.get("post_eval") or {}).get("suite"),
+             "state": shown.state, "examples_completed": metrics.get("examples_done", 0),
+             "examples_total": metrics.get("examples_total", 0), "gate_outcome": verdict.get("gate_outcome"),
+             "post_eval_verdict": verdict.get("post_eval_verdict")}
+    accuracy = _headline_accuracy(evaluation)
     if accuracy is not None:
         entry["headline_accuracy"] = accuracy
-    if evaluation.error_code:
-        entry["error"] = {"code": evaluation.error_code, "message": evaluation.error_message}
+    failed = evaluation if evaluation is not None and evaluation.error_code else wrapper
+    if failed.error_code:
+        entry["error"] = {"code": failed.error_code, "message": failed.error_message}
     return [entry]
+
+
+def _headline_accuracy(evaluation) -> float | None:
+    """The trained adapter's accuracy once the eval job completed: its targets are [baseline?, adapter],
+    so the last target's (the pooled running figure would mix in the baseline)."""
+    if evaluation is None or evaluation.state != "completed":
+        return None
+    targets = (evaluation.result or {}).get("targets") or []
+    return targets[-1].get("accuracy") if targets else (evaluation.result or {}).get("accuracy")
 
 
 def _training_fields(run: OpenEnvRun) -> dict:
@@ -158,7 +183,8 @@ def _training_fields(run: OpenEnvRun) -> dict:
                     adapter_path=(job.result or {}).get("adapter_path"), effective_seed=status.get("effective_seed"),
                     step=(job.metrics or {}).get("step"), total_steps=(job.metrics or {}).get("total_steps"),
                     progress_message=job.progress_message or None,
-                    linked_eval_job_ids=[e["job_id"] for e in _post_evaluations(job)],
+                    # the eval jobs themselves, not the wrapper that queued them
+                    linked_eval_job_ids=list(status.get("linked_eval_job_ids") or []),
                     training_data=run.training_data)
     out.update(training_job_id=str(job.uuid), training_submission=run.training_submission, training=training,
                post_evaluations=_post_evaluations(job))
@@ -169,5 +195,5 @@ def run_status(run: OpenEnvRun) -> dict:
     return run_record(run, live=True)
 
 
-def runs_status_list(*, limit: int = 200) -> dict:
-    return {"schema": LIST_SCHEMA, "runs": [run_status(run) for run in run_list(limit=limit)]}
+def runs_status_list(*, limit: int = 200, before: int | None = None) -> dict:
+    return {"schema": LIST_SCHEMA, "runs": [run_status(run) for run in run_list(limit=limit, before=before)]}

@@ -1,5 +1,7 @@
 """Every /v1/ failure is {"error": {"code", "message", "hint"}} with a stable code; auth rules hold."""
 
+import json
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
@@ -202,7 +204,7 @@ def test_adding_a_token_in_the_admin_issues_a_working_secret_once(admin_client, 
     assert second.status_code == 200 and ApiToken.objects.count() == 2  # no clash on an empty hash
 
 
-def test_token_guessing_is_throttled_per_address_with_retry_after(client):
+def test_token_guessing_is_throttled_per_address_and_a_valid_token_still_passes(client):
     from django.core.cache import cache
 
     from core.accounts.auth import BAD_TOKEN_LIMIT
@@ -212,10 +214,13 @@ def test_token_guessing_is_throttled_per_address_with_retry_after(client):
     good = token_create(username="guessed")[1]
     for attempt in range(BAD_TOKEN_LIMIT):
         _assert_envelope(client.get("/v1/jobs", HTTP_AUTHORIZATION=f"Bearer kiln_wrong{attempt}"), 401, "unauthorized")
-    throttled = client.get("/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {good}")  # even the right one, for a while
+    throttled = client.get("/v1/jobs", HTTP_AUTHORIZATION="Bearer kiln_wrong-again")
     _assert_envelope(throttled, 429, "too_many_requests")
     assert int(throttled["Retry-After"]) > 0
-    assert client.get("/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {good}", REMOTE_ADDR="10.9.9.9").status_code == 200
+    # A valid token from the same address (a proxy the team shares) is still answered.
+    assert client.get("/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {good}").status_code == 200
+    _assert_envelope(client.get("/v1/jobs", HTTP_AUTHORIZATION="Basic eDp5"), 429, "too_many_requests")
+    assert client.get("/v1/jobs", HTTP_AUTHORIZATION="Bearer kiln_wrong", REMOTE_ADDR="10.9.9.9").status_code == 401
     cache.clear()
 
 
@@ -228,3 +233,28 @@ def test_password_guessing_on_the_login_page_is_throttled(client):
     admin = client.post("/admin/login/", {"username": "target", "password": "the-right-password"},
                         REMOTE_ADDR="10.1.1.1")
     assert admin.status_code == 429  # per account, whatever the address
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_broker_that_does_not_answer_is_a_503_not_a_500(api, monkeypatch, stream):
+    """Redis refusing or timing out under a route (here: sending the chat completion to the GPU
+    worker) is a service outage with Retry-After, not internal_error."""
+    import redis
+
+    from adapters.serving import selectors
+    from adapters.serving.tasks import run_chat_completion
+
+    monkeypatch.setattr(selectors, "require_inference_ready", lambda: None)
+    monkeypatch.setattr(selectors, "default_adapter", lambda: "base")
+
+    def stalled(*args, **kwargs):
+        try:
+            raise redis.exceptions.TimeoutError("Timeout reading from socket")
+        except redis.exceptions.TimeoutError as exc:
+            raise RuntimeError("dramatiq could not enqueue") from exc  # wrapped, as a library may
+
+    monkeypatch.setattr(run_chat_completion, "send", stalled)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    response = api.post("/v1/chat/completions", data=json.dumps(body), content_type="application/json")
+    error = _assert_envelope(response, 503, "service_unavailable")
+    assert "Redis" in error["message"] and response["Retry-After"] == "5"

@@ -114,3 +114,26 @@ def test_recovery_detects_a_dead_pid_on_this_host_at_once():
     recover_queues(["gpu"])
     job.refresh_from_db()
     assert job.error_code == "job_interrupted"
+
+
+def test_a_queue_whose_jobs_wait_with_nothing_running_is_woken_again(monkeypatch):
+    """A wake-up lost while Redis stalled leaves a job queued: kiln serve re-sends the wake-up of a
+    queue whose oldest job has waited, unless a job runs there (the worker takes the next one itself)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from core.jobs import dispatch, tasks
+    from core.jobs.models import Job
+
+    sent = []
+    monkeypatch.setattr(dispatch, "wake_queue", lambda queue: sent.append(queue))
+    fresh = services.job_submit(kind="test.steps", payload={"steps": 1})
+    assert dispatch.wake_stalled_queues(waited_seconds=20) == [] and sent == []  # too fresh to be stalled
+    Job.objects.filter(id=fresh.id).update(created_at=timezone.now() - timedelta(seconds=60))
+    assert dispatch.wake_stalled_queues(waited_seconds=20) == [fresh.queue] and sent == [fresh.queue]
+    running = services.job_submit(kind="test.steps", payload={"steps": 1})
+    Job.objects.filter(id=running.id).update(state="running")
+    sent.clear()
+    assert dispatch.wake_stalled_queues(waited_seconds=20) == [] and sent == []
+    assert fresh.queue in tasks.WAKE_ACTORS

@@ -149,3 +149,29 @@ def test_kill_9_of_the_web_process_restarts_it_and_keeps_the_workers(tmp_path):
         assert serve.poll() is None
         log = (tmp_path / "serve.log").read_text()
         assert "web exited with -9; restarting it" in log and "shutting down" not in log
+
+
+def test_kill_9_of_the_private_redis_restarts_it_and_jobs_still_run(tmp_path):
+    # Before: "redis exited with -9; shutting down" stopped the whole server. Redis keeps nothing
+    # (the database is the truth), so serve starts a fresh one and re-sends lost wake-ups.
+    with _serving(tmp_path) as (serve, _env, _port, url, token):
+        _both_workers(url, token)
+        found = subprocess.run(["pgrep", "-P", str(serve.pid), "-f", "redis-server"], capture_output=True, text=True)
+        [redis_pid] = [int(p) for p in found.stdout.split()]
+        os.kill(redis_pid, signal.SIGKILL)
+        wait_until(lambda: "redis exited with -9; restarting it" in (tmp_path / "serve.log").read_text(), 30,
+                   what="serve to restart its Redis")
+        wait_until(lambda: (b := _health(url, token)) and b["broker"]["ok"], 60, what="the broker to answer again")
+        groups = [{"messages": [{"role": "user", "content": f"What is {i} + 1?"}],
+                   "completions": [{"text": str(i + 1), "reward": 1.0}, {"text": "no", "reward": 0.0}]}
+                  for i in range(2)]
+        headers = {"Authorization": f"Bearer {token}"}
+        submitted = httpx.post(url + "/v1/train/grpo", headers=headers, timeout=30,
+                               json={"groups": groups, "config": {"output_name": "after-redis-r001"}})
+        assert submitted.status_code in (200, 202), submitted.text
+        job_id = submitted.json()["job_id"]
+        # The job is picked up and ends (this stack has no model, so it fails fast): nothing stays queued.
+        final = wait_until(lambda: (j := httpx.get(f"{url}/v1/jobs/{job_id}", headers=headers, timeout=5).json())
+                           and j["state"] in ("completed", "failed") and j, 120, what="the job to run")
+        assert final["state"] in ("completed", "failed") and serve.poll() is None
+        assert "shutting down" not in (tmp_path / "serve.log").read_text()

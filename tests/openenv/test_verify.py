@@ -99,3 +99,34 @@ def test_the_reset_plan_is_reconstructed(collection, copy):
     from core.canonical import json_digest
 
     assert summary["reset_plan_sha256"] == json_digest([{"target": 3}, {}])
+
+
+def test_an_archived_copy_is_checked_against_its_own_files(collection, copy, capsys):
+    """With --summary alone, the files beside the summary are the ones checked, not the stored paths."""
+    from kiln_project.cli.main import main
+
+    originals = [collection.output_path, collection.replay_output_path]
+    report = verify(copy["summary"]).report
+    assert report["dataset_path"] == str(copy["dataset"].resolve())
+    assert report["replay_path"] == str(copy["replay"].resolve())
+
+    for name in ("replay", "dataset"):
+        original = copy[name].read_bytes()
+        changed = bytearray(original)
+        changed[len(original) // 2] ^= 0x01
+        copy[name].write_bytes(bytes(changed))
+        with pytest.raises(VerificationError):
+            verify(copy["summary"])
+        assert main(["openenv", "verify", "--summary", str(copy["summary"])]) == 1
+        assert "openenv_verification_failed" in capsys.readouterr().err
+        copy[name].write_bytes(original)
+
+    # the originals gone, the untampered archive still verifies (and the output names the copies)
+    moved = [path.rename(path.with_name(path.name + ".away")) for path in originals]
+    try:
+        assert main(["openenv", "verify", "--summary", str(copy["summary"])]) == 0
+        out = capsys.readouterr().out
+        assert str(copy["dataset"].resolve()) in out and str(copy["replay"].resolve()) in out
+    finally:
+        for away, path in zip(moved, originals, strict=True):
+            away.rename(path)
