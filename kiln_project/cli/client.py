@@ -74,6 +74,14 @@ def raise_for_stream_error(response) -> None:
 class KilnClient:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         self.url = (url or default_url()).rstrip("/")
+        try:
+            parsed = httpx.URL(self.url)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise CliError("invalid_url", f"the server URL {self.url!r} is not valid: {exc}",
+                           "e.g. --url http://127.0.0.1:8420 (or KILN_URL)") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise CliError("invalid_url", f"the server URL {self.url!r} is not an http(s) URL with a host",
+                           "e.g. --url http://127.0.0.1:8420 (or KILN_URL)")
         token = token if token is not None else os.environ.get("KILN_API_TOKEN") or local_token(self.url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)

@@ -72,6 +72,30 @@ def main(argv: list[str] | None = None) -> int:
         # final flush of stdout go nowhere instead of printing a traceback).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as exc:  # noqa: BLE001 - a CLI answers one line, never a traceback
+        if os.environ.get("KILN_DEBUG"):
+            raise
+        print(unexpected_error(exc).line(), file=sys.stderr)
+        return 1
+
+
+def unexpected_error(exc: Exception) -> CliError:
+    """One line for what no command turned into a CliError: the common ones by their cause."""
+    import httpx
+
+    if isinstance(exc, EOFError):
+        return CliError("input_closed", "standard input ended before a prompt was answered",
+                        "run it in a terminal, or give the value by its environment variable (e.g. KILN_PASSWORD)")
+    if isinstance(exc, UnicodeDecodeError):
+        return CliError("file_not_text", f"a file is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                        "give an uncompressed UTF-8 JSON or JSONL file")
+    if isinstance(exc, httpx.InvalidURL):
+        return CliError("invalid_url", f"the server URL is not valid: {exc}", "e.g. --url http://127.0.0.1:8420")
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return CliError("os_error", f"{exc.strerror or exc}{where}", "check the path and its permissions")
+    return CliError("unexpected_error", f"{type(exc).__name__}: {exc}",
+                    "set KILN_DEBUG=1 to see the traceback, and report it")
 
 
 if __name__ == "__main__":

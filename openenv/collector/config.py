@@ -130,7 +130,12 @@ class CollectionConfig:
         if self.seed_start + self.groups - 1 > I64_MAX:
             raise invalid_config(f"the last group seed exceeds {I64_MAX}")
         if self.thinking_budget_tokens is not None:
-            integer("thinking_budget_tokens", 1, 1 << 31)
+            # the thinking budget is spent out of max_action_tokens, so at least one token must remain for
+            # the action itself (the same bound POST /v1/openenv/runs applies, openenv.runs.request)
+            budget, high = self.thinking_budget_tokens, self.max_action_tokens - 1
+            if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= high:
+                raise invalid_config(f"thinking_budget_tokens must be an integer in 1..{high} (below max_action_tokens "
+                                     f"{self.max_action_tokens}, leaving room for the action), not {budget!r}")
             if not self.thinking:
                 raise invalid_config("thinking_budget_tokens needs thinking on")
         for name, low, high in (("temperature", 0.0, 2.0), ("capacity_wait_seconds", 1.0, 3600.0),

@@ -458,3 +458,38 @@ def test_a_train_runs_card_draws_its_training_jobs_curves(operator_client, opera
     assert html.count('class="curve run-curve"') == 2 and 'data-curve="kl"' not in html  # no KL points: not drawn
     assert 'data-curve="loss"' in html and 'run-curve-last">0.25' in html
     assert 'run-curve-last">0.4' in html and "step 1–3 · low -0.6 · high 0.4" in html
+
+
+def test_older_runs_are_reachable_by_page_and_by_id(operator_client, operator):
+    """Past the newest CARD_LIMIT cards an "Older runs" link pages on; ?run=<id> shows any one run."""
+    from kiln_project.ui.openenv_views import CARD_LIMIT
+
+    runs = []
+    for seed in range(CARD_LIMIT + 2):
+        run, _ = run_submit(request=normalize({"kind": "rollout", "environment_urls": [URL_A], "seed_start": seed,
+                                               "idempotency_key": f"ui:page-{seed}"}), user=operator)
+        _ready(run)
+        runs.append(run)
+    OpenEnvRun.objects.filter(id=runs[0].id).update(state="collecting")  # the oldest is live: its page polls
+    oldest, second, third = runs[:3]
+
+    first = unescape(operator_client.get(PAGE).content.decode())
+    assert f'id="run-{oldest.id}"' not in first and f'id="run-{third.id}"' in first
+    assert f'href="{PAGE}?run={third.id}#run-{third.id}"' in first  # each card's id links to it alone
+    older = re.search(r'id="runs-older" href="([^"]+)"', first).group(1)
+    assert older == f"{PAGE}?before={third.sequence}#openenv-runs"
+
+    page = unescape(operator_client.get(older.split("#")[0] + "&fragment=runs").content.decode())
+    assert f'id="run-{oldest.id}"' in page and f'id="run-{second.id}"' in page and f'id="run-{third.id}"' not in page
+    assert 'id="runs-older"' not in page and 'id="runs-newest"' in page
+    assert f'hx-get="{PAGE}?fragment=runs&before={third.sequence}"' in page  # the polling keeps the page
+    beyond = unescape(operator_client.get(f"{PAGE}?fragment=runs&before={oldest.sequence}").content.decode())
+    assert "No older OpenEnv runs." in beyond
+
+    alone = unescape(operator_client.get(f"{PAGE}?run={second.id}").content.decode())
+    section = alone[alone.index('id="openenv-runs"'):]
+    section = section[:section.index("</section>")]
+    assert section.count('<article class="card run-card') == 1 and f'id="run-{second.id}"' in section
+    assert operator_client.get(f"{PAGE}?run=00000000-0000-0000-0000-000000000000").status_code == 404
+    # a malformed selection is a stale link: the newest runs
+    assert f'id="run-{third.id}"' in operator_client.get(f"{PAGE}?before=x&fragment=runs").content.decode()

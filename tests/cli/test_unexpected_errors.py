@@ -1,0 +1,55 @@
+"""Whatever goes wrong, a kiln command answers one `error: code: message` line and a non-zero exit,
+never a Python traceback (KILN_DEBUG=1 shows the traceback for a report)."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from kiln_project.cli.main import main
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    err = capsys.readouterr().err
+    return code, err
+
+
+def test_a_compressed_request_file_is_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("KILN_DEBUG", raising=False)
+    packed = tmp_path / "rounds.jsonl.gz"
+    packed.write_bytes(gzip.compress(b'{"messages": []}\n'))
+    code, err = _run(capsys, ["train", "grpo", "--file", str(packed), "--adapter", "x-r001",
+                              "--url", "http://127.0.0.1:9"])
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ")
+
+
+def test_a_malformed_url_is_one_line(capsys, monkeypatch):
+    monkeypatch.delenv("KILN_DEBUG", raising=False)
+    code, err = _run(capsys, ["jobs", "list", "--url", "http://[::1"])
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: invalid_url: ")
+
+
+def test_an_unwritable_model_folder_is_one_line(capsys, monkeypatch):
+    monkeypatch.delenv("KILN_DEBUG", raising=False)
+    code, err = _run(capsys, ["model", "create-tiny", "/proc/kiln-no-such-folder/model"])
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_unforeseen_error_is_one_line_and_kiln_debug_shows_the_traceback(capsys, monkeypatch):
+    from kiln_project.cli import client
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(client.KilnClient, "__init__", broken)
+    monkeypatch.delenv("KILN_DEBUG", raising=False)
+    code, err = _run(capsys, ["jobs", "list"])
+    assert code == 1 and err.strip() == ("error: unexpected_error: RuntimeError: boom (hint: set KILN_DEBUG=1 to "
+                                         "see the traceback, and report it)")
+    monkeypatch.setenv("KILN_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["jobs", "list"])
