@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from core.errors import KilnError
+from core.errors import DISK_FULL_CODE, DISK_FULL_HINT, KilnError, is_disk_full
 
 MAX_MEMBERS = 64
 CHUNK = 1 << 20
@@ -97,6 +97,9 @@ def unpack_upload(fileobj, staging: Path, *, max_bytes: int) -> dict[str, Path]:
     except tarfile.TarError as exc:
         raise invalid(f"not a readable tar archive ({exc})") from None
     except (EOFError, zlib.error, OSError) as exc:
+        if is_disk_full(exc):  # the server's fault, not the archive's
+            raise KilnError(DISK_FULL_CODE, f"the server's disk has no room to unpack the archive ({exc})",
+                            status=507, hint=DISK_FULL_HINT) from None
         raise invalid(f"the archive is truncated or corrupt ({type(exc).__name__}: {exc})") from None
     if not members:
         raise invalid("the archive holds no files")

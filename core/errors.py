@@ -32,3 +32,24 @@ class KilnError(Exception):
 
 def error_envelope(code: str, message: str, hint: str = "") -> dict:
     return {"error": {"code": code, "message": message, "hint": hint}}
+
+
+DISK_FULL_CODE = "adapter_disk_quota_exceeded"  # 507: the spec's code for a write the disk has no room for
+DISK_FULL_HINT = ("free space on the server's disk under KILN_HOME (delete old adapters and their checkpoints: "
+                  "kiln adapters delete NAME), then retry")
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or what caused it, is the disk or quota being full (ENOSPC, EDQUOT). Libraries
+    that write files (safetensors, torch.save) wrap the OSError in their own type, so its text counts too."""
+    import errno
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

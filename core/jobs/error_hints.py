@@ -30,6 +30,8 @@ JOB_ERROR_HINTS = {
     "model_path_invalid": "set model.path in kiln.toml or KILN_MODEL_PATH, restart the server, and check "
                           "/health before resubmitting",
     "adapter_revision_conflict": "use a new versioned output name for every round, e.g. math-r002",
+    "adapter_disk_quota_exceeded": "the disk is full: free space under KILN_HOME (kiln adapters delete NAME removes "
+                                   "an adapter and its checkpoints), then resubmit",
     # any job
     "job_cancelled": "it was cancelled on request; resubmit it (a training run may resume from its checkpoint)",
     "job_interrupted": "its worker stopped while it ran (kill, restart, out of memory); submit it again",

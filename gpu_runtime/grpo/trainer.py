@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from core.contracts.grpo_config import resolve_effective_seed
+from core.errors import DISK_FULL_CODE, DISK_FULL_HINT, is_disk_full
 from gpu_runtime import lean_decoder
 from gpu_runtime.grpo import adapter_io, checkpoint
 from gpu_runtime.grpo.advantages import filter_groups, filter_kwargs
@@ -112,7 +113,11 @@ class _Run(RunOutputs):
             self._fail(error)
             raise error from exc
         except Exception as exc:  # noqa: BLE001 - every failure leaves a receipt
-            error = TrainingError("training_error", f"{type(exc).__name__}: {exc}")
+            if is_disk_full(exc):
+                error = TrainingError(DISK_FULL_CODE, f"the disk is full: {type(exc).__name__}: {exc}",
+                                      failure_reason="disk_full", hint=DISK_FULL_HINT)
+            else:
+                error = TrainingError("training_error", f"{type(exc).__name__}: {exc}")
             self._fail(error)
             raise error from exc
 

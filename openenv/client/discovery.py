@@ -130,7 +130,8 @@ def _check_openapi(value: Any) -> dict:
 
 
 async def check_health(endpoint: Endpoint, *, credential: Credential | None, http) -> None:
-    """`GET /health` must answer exactly 200 (the body is not interpreted)."""
+    """`GET /health` must answer exactly 200 (the body is not interpreted); 401/403 is named as a credential
+    problem (openenv_unauthorized), not an unhealthy server."""
     url = endpoint.url("health")
     try:
         status, _ = await request_bounded(http, "GET", endpoint, url, credential=credential, what="GET /health")
@@ -138,8 +139,8 @@ async def check_health(endpoint: Endpoint, *, credential: Credential | None, htt
         raise OpenEnvUnhealthy(f"GET /health answered HTTP {exc.http_status}, not 200",
                                http_status=exc.http_status, endpoint=url) from None
     if status != 200:
-        if status >= 500 or status in (408, 425, 429):
-            raise status_error(status, "GET /health", url)
+        if status >= 500 or status in (408, 425, 429, 401, 403):
+            raise status_error(status, "GET /health", url, credential=credential)
         raise OpenEnvUnhealthy(f"GET /health answered HTTP {status}, not 200", http_status=status, endpoint=url)
 
 
@@ -149,7 +150,7 @@ async def _document(http, endpoint: Endpoint, path: str, credential: Credential 
     status, body = await request_bounded(http, "GET", endpoint, url, credential=credential,
                                          limit=MAX_DISCOVERY_BYTES, what=what)
     if status != 200:
-        raise status_error(status, what, url)
+        raise status_error(status, what, url, credential=credential)
     try:
         value = strict_json(body)
     except JsonError as exc:

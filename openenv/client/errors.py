@@ -90,6 +90,16 @@ class OpenEnvUnhealthy(OpenEnvHttpStatus):
     default_hint = "GET /health must answer exactly 200 before discovery or a session"
 
 
+class OpenEnvUnauthorized(OpenEnvHttpStatus):
+    """The server answered 401/403: it wants a bearer token we did not send, or refused the one we sent.
+    A configuration problem, like a bad credential, so not retryable."""
+
+    code = "openenv_unauthorized"
+    failure_code = FAILURE_CONTRACT
+    default_hint = ("give the environment's bearer token: --credential-env VAR on the CLI (VAR holds the token), "
+                    "credential_ids naming a server [openenv.credentials.<id>] for server runs and inspection")
+
+
 class OpenEnvRedirectRefused(OpenEnvError):
     code = "openenv_redirect_refused"
     default_hint = "redirects are never followed; give the final URL of the environment"

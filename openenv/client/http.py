@@ -18,6 +18,7 @@ from openenv.client.errors import (
     OpenEnvHttpStatus,
     OpenEnvRedirectRefused,
     OpenEnvResponseTooLarge,
+    OpenEnvUnauthorized,
     OpenEnvUnavailable,
 )
 from openenv.client.urls import Endpoint
@@ -102,7 +103,12 @@ async def request_bounded(http: httpx.AsyncClient, method: str, endpoint: Endpoi
     return status, data
 
 
-def status_error(status: int, what: str, url: str) -> OpenEnvHttpStatus | OpenEnvUnavailable:
+def status_error(status: int, what: str, url: str, *,
+                 credential: Credential | None = None) -> OpenEnvHttpStatus | OpenEnvUnavailable:
     if status in UNAVAILABLE_STATUSES or status >= 500:
         return OpenEnvUnavailable(f"{what} answered HTTP {status}", http_status=status, endpoint=url)
+    if status in (401, 403):  # say what to fix (the credential), not that the server looks unhealthy
+        why = ("the server refused the bearer token sent" if credential is not None
+               else "the server requires credentials and none were given")
+        return OpenEnvUnauthorized(f"{what} answered HTTP {status}: {why}", http_status=status, endpoint=url)
     return OpenEnvHttpStatus(f"{what} answered HTTP {status}", http_status=status, endpoint=url)

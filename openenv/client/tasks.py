@@ -46,7 +46,7 @@ async def _call(http, endpoint: Endpoint, credential, method: str, url: str, wha
     if status == 400:
         raise OpenEnvInvalidTaskSelection(f"{what} answered 400 (invalid split or index)", http_status=400)
     if status != 200:
-        raise status_error(status, what, url)
+        raise status_error(status, what, url, credential=credential)
     try:
         return strict_json(data)
     except JsonError as exc:

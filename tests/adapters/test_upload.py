@@ -248,3 +248,24 @@ def test_an_archive_larger_than_the_request_limit_reaches_the_upload_route(api, 
     assert body["status"] == "available"
     refused = api.post("/v1/train/grpo", data=b"x" * len(data), content_type="application/json")
     assert refused.status_code == 413 and refused.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_full_disk_while_unpacking_is_507_and_leaves_nothing(api, home, peft_adapter, monkeypatch):
+    """No room on the server's disk is the server's condition (507 adapter_disk_quota_exceeded with a
+    hint to free space), not a corrupt archive (the user's)."""
+    import builtins
+    import errno
+
+    from adapters import archive
+
+    class FullDisk(io.BytesIO):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_open = builtins.open
+    monkeypatch.setattr(archive, "open", lambda path, mode="r", *a, **k: FullDisk() if mode == "xb"
+                        else real_open(path, mode, *a, **k), raising=False)
+    response = upload(api, "full", folder_archive(peft_adapter))
+    assert "no room" in error(response, 507, "adapter_disk_quota_exceeded")
+    assert "kiln adapters delete" in response.json()["error"]["hint"]
+    assert registry_entries(home) == [] and not Adapter.objects.exists()

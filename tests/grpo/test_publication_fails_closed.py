@@ -29,6 +29,7 @@ def test_a_full_disk_in_the_artifact_layer_leaves_no_adapter_and_no_checkpoint(
     with pytest.raises(TrainingError) as caught:
         run(train_request(tiny_model_dir, fixed_groups(2), tmp_path, "full", **settings))
     assert "No space left on device" in caught.value.message
+    assert caught.value.code == "adapter_disk_quota_exceeded" and "kiln adapters delete" in caught.value.hint
     assert [name.startswith(writer) for name in staged] == [True], staged  # it went through the layer
     # Only the failure receipt remains (it says the run failed); no adapter, checkpoint or staging.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full.train_receipt.failed.json"]

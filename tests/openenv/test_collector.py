@@ -249,12 +249,28 @@ def test_configuration_bounds_fail_before_any_connection(tmp_path):
                                 ({"reset_options": {}, "environment_reset_options": [{}, {}]}, "not both"),
                                 ({"environment_reset_options": [{}]}, "environment_reset_options"),
                                 ({"thinking": False, "thinking_budget_tokens": 8}, "thinking"),
+                                ({"max_action_tokens": 256, "thinking_budget_tokens": 300},
+                                 "thinking_budget_tokens must be an integer in 1..255"),
+                                ({"max_action_tokens": 256, "thinking_budget_tokens": 256}, "1..255"),
                                 ({"capacity_wait_seconds": 0}, "capacity_wait_seconds")):
             config = config_for([a.url, b.url], tmp_path, **overrides)
             with pytest.raises(CollectionError) as info:
                 asyncio.run(collect(config, FakeCounterPolicy()))
             assert info.value.code == "openenv_invalid_collection" and text in info.value.message
         assert a.request_headers == [] and b.request_headers == []
+
+
+def test_the_rollout_cli_bounds_the_thinking_budget_by_the_action_tokens(tmp_path, capsys):
+    """The same bound as POST /v1/openenv/runs: one line, non-zero, before any connection."""
+    from kiln_project.cli.main import main
+
+    with FakeServer() as server:
+        assert main(["openenv", "rollout", server.url, "--max-action-tokens", "256", "--thinking-budget-tokens", "300",
+                     "--output", str(tmp_path / "o.jsonl")]) == 1
+        assert server.request_headers == []
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: openenv_invalid_collection: thinking_budget_tokens must be an integer in 1..255")
+    assert "\n" not in err
 
 
 def test_capacity_of_one_session_is_retried_and_counted(tmp_path):

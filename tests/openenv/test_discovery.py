@@ -129,6 +129,23 @@ def test_health_must_be_exactly_200(code, expected):
     assert [p for _, p, _ in seen] == ["/health"]  # nothing else is read
 
 
+@pytest.mark.parametrize("code", [401, 403])
+def test_a_health_check_that_wants_credentials_says_so(code):
+    """401/403 is a credential to give (not retryable, a configuration problem), not an unhealthy server."""
+    seen = []
+    with pytest.raises(errors.OpenEnvUnauthorized) as info:
+        run_inspect(transport=transport(status={"/health": code}, seen=seen))
+    error = info.value
+    assert error.code == "openenv_unauthorized" and error.http_status == code
+    assert "requires credentials" in error.message and "--credential-env VAR" in error.hint
+    assert "credential_ids" in error.hint and not error.retryable
+    assert error.failure_code == "persisted_contract_invalid" and [p for _, p, _ in seen] == ["/health"]
+    credential = credential_from_env(URL, "KILN_TEST_TOKEN", environ={"KILN_TEST_TOKEN": TOKEN})
+    with pytest.raises(errors.OpenEnvUnauthorized) as info:
+        run_inspect(transport=transport(status={"/health": code}), credential=credential)
+    assert "refused the bearer token" in info.value.message and TOKEN not in info.value.message
+
+
 def test_redirects_are_never_followed():
     with pytest.raises(errors.OpenEnvRedirectRefused):
         run_inspect(transport=transport(status={"/schema": 307},

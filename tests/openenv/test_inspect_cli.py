@@ -46,3 +46,11 @@ def test_tasks_says_unsupported_for_an_environment_without_the_task_api(capsys):
     with FakeServer() as server:  # the fake answers 404 for /{env}/splits: treated as a selection error
         assert main(["openenv", "tasks", server.url]) == 1
     assert capsys.readouterr().err.startswith("error: openenv_invalid_task_selection")
+
+
+def test_inspect_of_a_server_that_wants_a_token_names_the_flag(capsys):
+    with FakeServer(health_status=401) as server:
+        assert main(["openenv", "inspect", "--environment", server.url]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: openenv_unauthorized: GET /health answered HTTP 401: the server requires credentials")
+    assert "--credential-env VAR" in err and "\n" not in err

@@ -140,6 +140,11 @@ def test_an_environment_that_fails_is_502_inspection_failed_naming_the_client_co
     error = error_of(response)
     assert error["code"] == "openenv_inspection_failed" and error["hint"]
     assert error["message"].startswith("openenv_unhealthy: ")
+    with FakeServer(health_status=401) as server:  # a server that wants a token: the route's 502, what to give
+        response = post(api, "inspect", {"url": server.url})
+    assert response.status_code == 502 and error_of(response)["code"] == "openenv_inspection_failed"
+    assert error_of(response)["message"].startswith("openenv_unauthorized: ")
+    assert "credential_ids" in error_of(response)["hint"]
     documents = counter_documents()
     documents["/schema"] = ["not", "an", "object"]
     with FakeServer(documents=documents) as server:
