@@ -163,6 +163,6 @@ def _send_and_wait(payload: dict, deadline: float) -> dict:
             wait, quiet_since = IDLE_TIMEOUT, time.monotonic()
     finally:
         try:
-            client.delete(key, claim_key(request_id))
+            transport.close_request(client, request_id)
         except Exception:  # noqa: BLE001 - the keys expire anyway (transport.EVENT_TTL_SECONDS)
             pass

@@ -30,6 +30,20 @@ def claim_key(request_id: str) -> str:
     return f"kiln:infer:{request_id}:worker"
 
 
+def closed_key(request_id: str) -> str:
+    """Set when the request's reader has left (answered, timed out, worker lost, client gone): a message
+    the broker redelivers after its worker died is then dropped, not generated for nobody."""
+    return f"kiln:infer:{request_id}:closed"
+
+
+def close_request(client, request_id: str):
+    """The reader's last word on a request (sync client, or the awaitable of an asyncio one)."""
+    pipe = client.pipeline()
+    pipe.delete(events_key(request_id), claim_key(request_id))
+    pipe.set(closed_key(request_id), 1, ex=EVENT_TTL_SECONDS)
+    return pipe.execute()
+
+
 def _redis_url() -> str:
     from django.conf import settings
 
@@ -48,6 +62,10 @@ class WorkerEmitter:
     def claim(self, worker_id: str) -> None:
         """Say which worker answers this request (before any work on it)."""
         self.client.set(claim_key(self.key.removeprefix("kiln:infer:")), worker_id, ex=EVENT_TTL_SECONDS)
+
+    def reader_gone(self) -> bool:
+        """Whether nobody waits for this request any more (see closed_key)."""
+        return bool(self.client.exists(closed_key(self.key.removeprefix("kiln:infer:"))))
 
     def emit(self, event: dict) -> None:
         pipe = self.client.pipeline()
@@ -94,5 +112,5 @@ async def read_events(request_id: str, *, first_event_timeout: float, idle_timeo
                 return
             timeout, quiet_since = idle_timeout, time.monotonic()
     finally:
-        await client.delete(key, claim_key(request_id))
+        await close_request(client, request_id)
         await client.aclose()

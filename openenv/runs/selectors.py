@@ -120,22 +120,29 @@ def run_record(run: OpenEnvRun, *, live: bool = False) -> dict:
     return out
 
 
-def _post_evaluations(job) -> list[dict]:
-    """The training job's post-evaluation as §1.6 lists it.
+def _post_eval_jobs(job):
+    """(the `training.post_eval` wrapper, the `eval.run` job it queued), either None while absent.
 
-    `training.post_eval` is a wrapper: it queues an `eval.run` job and records only its id
-    (`linked_eval_job_ids`, or `metrics.eval_job_id` while it waits). Progress, accuracy and the id
-    to follow are the eval job's; the gate outcome and the verdict stay the wrapper's. Until the eval
-    job exists (or if it was deleted) the wrapper stands in, with no examples counted yet."""
+    The wrapper records only the eval job's id: `linked_eval_job_ids` once done, `metrics.eval_job_id`
+    while it waits on it."""
     from core.jobs.models import Job
     from training.selectors import post_eval_job
 
     wrapper = post_eval_job(job)
     if wrapper is None:
+        return None, None
+    linked = (wrapper.result or {}).get("linked_eval_job_ids") or [(wrapper.metrics or {}).get("eval_job_id")]
+    return wrapper, Job.objects.filter(uuid=linked[0], deleted_at__isnull=True).first() if linked[0] else None
+
+
+def _post_evaluations(job) -> list[dict]:
+    """The training job's post-evaluation as §1.6 lists it: progress, accuracy and the id to follow
+    are the eval job's; the gate outcome and the verdict stay the wrapper's. Until the eval job
+    exists (or once deleted) the wrapper stands in, with no examples counted."""
+    wrapper, evaluation = _post_eval_jobs(job)
+    if wrapper is None:
         return []
     verdict = wrapper.result or {}
-    linked = verdict.get("linked_eval_job_ids") or [(wrapper.metrics or {}).get("eval_job_id")]
-    evaluation = Job.objects.filter(uuid=linked[0]).first() if linked[0] else None
     shown = evaluation or wrapper
     metrics = shown.metrics or {}
     entry = {"job_id": str(shown.uuid), "suite_name": (wrapper.payload.get("post_eval") or {}).get("suite"),
@@ -177,14 +184,14 @@ def _training_fields(run: OpenEnvRun) -> dict:
     from training.selectors import training_status
 
     status = training_status(job)
+    _, evaluation = _post_eval_jobs(job)  # the eval job itself is linked, not the wrapper that queued it
     training = {key: status.get(key) for key in ("job_id", "state", "progress", "current_loss", "error",
                                                  "post_eval_verdict", "gate_outcome")}
     training.update(epoch=(job.metrics or {}).get("epoch"), adapter_name=status.get("adapter_name"),
                     adapter_path=(job.result or {}).get("adapter_path"), effective_seed=status.get("effective_seed"),
                     step=(job.metrics or {}).get("step"), total_steps=(job.metrics or {}).get("total_steps"),
                     progress_message=job.progress_message or None,
-                    # the eval jobs themselves, not the wrapper that queued them
-                    linked_eval_job_ids=list(status.get("linked_eval_job_ids") or []),
+                    linked_eval_job_ids=[str(evaluation.uuid)] if evaluation is not None else [],
                     training_data=run.training_data)
     out.update(training_job_id=str(job.uuid), training_submission=run.training_submission, training=training,
                post_evaluations=_post_evaluations(job))

@@ -138,3 +138,22 @@ def test_the_route_answers_a_lost_worker_with_503(monkeypatch):
 
     error = api._worker_lost(transport.WorkerLost("worker gpu-a"))
     assert (error.code, error.status) == ("inference_worker_lost", 503) and "gpu-a" in error.message
+
+
+def test_a_redelivered_request_whose_reader_left_is_not_generated(workers, redis_url, monkeypatch):  # noqa: F811
+    """The broker redelivers the message of a worker that died; once its reader was answered (here:
+    503 after two lost workers) nobody waits for it, so the worker that gets it drops it instead of
+    generating for nobody beside the client's retry. A request whose reader still waits runs."""
+    _worker("gpu-a", alive=False)
+    _worker("gpu-c", alive=False)
+    workers.answers = [("gpu-a", False), ("gpu-c", False)]
+    with pytest.raises(KilnError):
+        sync_client.chat_completion_sync(dict(BODY), timeout=120)
+    handled = []
+    monkeypatch.setattr(tasks, "import_module", lambda name: type("Host", (), {
+        "handle_chat_completion": staticmethod(lambda body, emit: handled.append(body))}))
+    for request_id in workers.sent:  # both messages come back to a live worker
+        tasks.run_chat_completion.fn(request_id, dict(BODY))
+    assert handled == []
+    tasks.run_chat_completion.fn("still-waited-for", dict(BODY))
+    assert handled == [BODY]

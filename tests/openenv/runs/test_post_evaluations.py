@@ -64,3 +64,20 @@ def test_status_text_has_a_post_eval_line(capsys):
     assert _show(status, types.SimpleNamespace(json=False)) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "post-eval sums-check job e1: completed 8/8 examples · accuracy 0.75 · gate promoted" in lines
+
+
+def test_the_training_block_links_the_eval_job_not_the_wrapper():
+    from openenv.runs.selectors import _training_fields
+
+    training, wrapper, evaluation = _jobs(wrapper_result={"linked_eval_job_ids": []})
+    Job.objects.filter(id=wrapper.id).update(result={"linked_eval_job_ids": [str(evaluation.uuid)]})
+    Job.objects.filter(id=training.id).update(payload={
+        "route": "/v1/train/grpo", "adapter_name": "lnk", "snapshot_path": "/nonexistent",
+        "config": {"seed": "1", "output_name": "lnk"}, "training_data": {"source": "inline"}})
+    training.refresh_from_db()
+    run = types.SimpleNamespace(training_job=training, training_contract=None, training_contract_sha256="",
+                                behavior_snapshot=None, training_selection=None, environment_evaluation=None,
+                                training_submission=None, training_data=None)
+    fields = _training_fields(run)
+    assert fields["training"]["linked_eval_job_ids"] == [str(evaluation.uuid)]
+    assert [p["job_id"] for p in fields["post_evaluations"]] == [str(evaluation.uuid)]

@@ -81,6 +81,9 @@ def test_without_the_handle_the_same_run_fails_at_discovery_with_the_servers_ref
     failed = _status(api, run["run_id"])
     assert failed["state"] == "failed" and failed["failure"]["stage"] == "discovery", failed
     assert "401" in failed["failure"]["message"] or "401" in json.dumps(failed["failure"])
+    # a missing credential is a configuration problem to fix (not retryable), and the hint says how
+    assert failed["failure"]["code"] == "persisted_contract_invalid" and not failed["failure"]["retryable"]
+    assert "requires credentials" in failed["failure"]["message"] and "credential_ids" in failed["failure"]["hint"]
     assert "refused http /health" in protected.log_tail(200)
 
 
