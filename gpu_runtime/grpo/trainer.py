@@ -100,6 +100,10 @@ class _Run(RunOutputs):
     def execute(self) -> TrainResult:
         try:
             self._prepare()
+            # Reading and encoding a large corpus takes minutes: a stop (cancel, kiln serve shutting
+            # down) that came meanwhile ends the run here, within the worker's shutdown grace.
+            if self.should_stop():
+                return self._finish_stopped()
             with self.lock.hold():
                 self._setup()
             if self._loop():

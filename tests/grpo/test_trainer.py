@@ -181,6 +181,25 @@ def test_cancellation_publishes_a_checkpoint_and_a_failure_receipt(tiny_model_di
     assert len(receipt["loss_history"]) == 2
 
 
+def test_a_stop_while_the_data_is_prepared_ends_the_run_before_the_model_is_set_up(
+    tiny_model_dir, tmp_path, one_thread, monkeypatch
+):
+    """A cancel or a shutdown that comes while a large corpus is read and encoded ends the run there
+    (a stopped result and a cancelled receipt), not after the model, the replay and the first group."""
+    from gpu_runtime.grpo import trainer
+
+    def never(self):
+        raise AssertionError("_setup ran after the stop")
+
+    monkeypatch.setattr(trainer._Run, "_setup", never)
+    result = trainer.train_grpo(train_request(tiny_model_dir, fixed_groups(4), tmp_path, "early"),
+                                on_progress=lambda _: None, should_stop=lambda: True)
+    assert result.stopped and result.adapter_path is None and result.final_step == 0 and result.checkpoints == []
+    receipt = json.loads(result.receipt_path.read_text())
+    assert receipt["status"] == "failed" and receipt["failure_reason"] == "cancelled"
+    assert not (tmp_path / "early").exists()
+
+
 def test_failures_write_a_receipt(tiny_model_dir, tmp_path, one_thread):
     degenerate = [
         {

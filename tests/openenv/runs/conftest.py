@@ -105,7 +105,9 @@ def cli_through(api, monkeypatch, after_post):
     def make_client(*args, **kwargs):
         return httpx.Client(*args, transport=httpx.MockTransport(handle), **kwargs)
 
-    monkeypatch.setattr(client_module, "httpx", types.SimpleNamespace(Client=make_client,
+    # the names KilnClient uses from httpx (URL, InvalidURL: it checks --url before any request), Client faked
+    monkeypatch.setattr(client_module, "httpx", types.SimpleNamespace(Client=make_client, URL=httpx.URL,
+                                                                      InvalidURL=httpx.InvalidURL,
                                                                       TransportError=httpx.TransportError))
     monkeypatch.setenv("KILN_API_TOKEN", "unused-the-test-client-authenticates")
     return lambda *argv: main(["openenv", *argv, "--url", "http://kiln.test"])
