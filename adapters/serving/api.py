@@ -89,3 +89,13 @@ async def _sse(events):
 @router.get("/models", summary="Models and adapters this server can sample from")
 def list_models(request):
     return {"object": "list", "data": selectors.served_models()}
+
+
+@router.get("/models/{model_id}", summary="One model or adapter this server can sample from")
+def retrieve_model(request, model_id: str):
+    # The openai client's models.retrieve(id): the entry of GET /v1/models with that id.
+    for model in selectors.served_models():
+        if model.get("id") == model_id:
+            return model
+    raise KilnError("model_not_found", f"this server serves no model or adapter with id {model_id!r}", status=404,
+                    hint="list them with GET /v1/models")

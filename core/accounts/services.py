@@ -7,6 +7,7 @@ import secrets
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from core.accounts.models import ApiToken
@@ -50,11 +51,24 @@ def token_revoke(*, prefix: str) -> int:
     return ApiToken.objects.filter(prefix=prefix, revoked_at=None).update(revoked_at=timezone.now())
 
 
+def check_new_username(username: str) -> None:
+    """Refuse a name the login form would not take, or one already in use (before asking a password)."""
+    User = get_user_model()
+    try:  # the login form's own rule: letters, digits and @/./+/-/_ (150 at most)
+        User.username_validator(username)
+        if not username or len(username) > User._meta.get_field("username").max_length:
+            raise ValidationError("empty or too long")
+    except ValidationError:
+        raise KilnError("invalid_username", f"{username!r} is not a valid user name",
+                        hint="use 1-150 letters, digits and @ . + - _ (no spaces)") from None
+    if User.objects.filter(username=username).exists():
+        raise KilnError("user_exists", f"a user named {username!r} already exists")
+
+
 def user_create(*, username: str, password: str | None, superuser: bool = False,
                 can_submit: bool = True, can_approve: bool = False):
     User = get_user_model()
-    if User.objects.filter(username=username).exists():
-        raise KilnError("user_exists", f"a user named {username!r} already exists")
+    check_new_username(username)
     if superuser:
         user = User.objects.create_superuser(username=username, password=password, email="")
     else:

@@ -37,9 +37,13 @@ def run_user(args) -> int:
     from kiln_project.cli.client import CliError
 
     _setup()
-    from core.accounts.services import user_create
+    from core.accounts.services import check_new_username, user_create
     from core.errors import KilnError
 
+    try:
+        check_new_username(args.username)  # before the prompt: no password typed for nothing
+    except KilnError as exc:
+        raise CliError(exc.code, exc.message, exc.hint) from None
     password = os.environ.get(args.password_env)
     if password is None:
         password = getpass.getpass(f"password for {args.username}: ")

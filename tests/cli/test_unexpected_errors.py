@@ -53,3 +53,30 @@ def test_an_unforeseen_error_is_one_line_and_kiln_debug_shows_the_traceback(caps
     monkeypatch.setenv("KILN_DEBUG", "1")
     with pytest.raises(RuntimeError, match="boom"):
         main(["jobs", "list"])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, code", [("bad name!", "invalid_username"), ("taken", "user_exists")])
+def test_user_create_refuses_a_bad_or_taken_name_before_asking_a_password(capsys, monkeypatch, name, code):
+    import getpass
+
+    from core.accounts.services import user_create
+
+    user_create(username="taken", password="long-enough-pw")
+    monkeypatch.delenv("KILN_PASSWORD", raising=False)
+    monkeypatch.setattr(getpass, "getpass", lambda prompt: pytest.fail("asked a password"))
+    code_out, err = _run(capsys, ["user", "create", name])
+    assert code_out == 1 and err.startswith(f"error: {code}: "), err
+
+
+def test_a_closed_stdin_at_the_password_prompt_is_one_line(capsys, monkeypatch, db):
+    import getpass
+
+    def closed(prompt):
+        raise EOFError
+
+    monkeypatch.delenv("KILN_PASSWORD", raising=False)
+    monkeypatch.delenv("KILN_DEBUG", raising=False)
+    monkeypatch.setattr(getpass, "getpass", closed)
+    code, err = _run(capsys, ["user", "create", "newcomer"])
+    assert code == 1 and err.startswith("error: input_closed: ") and "KILN_PASSWORD" in err

@@ -53,6 +53,10 @@ def test_non_streaming_completion_with_usage_and_models(served):
     assert response.usage.completion_tokens >= 1
     models = client.models.list()
     assert [m.id for m in models.data] == [served_id]
+    assert client.models.retrieve(served_id).id == served_id
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.body["code"] == "model_not_found"
 
 
 @pytest.mark.parametrize("extra", [{}, {"chat_template_kwargs": {"enable_thinking": False}, "stop": ["0"]}])
