@@ -87,6 +87,11 @@ def _with_config(body: dict, args) -> dict:
         # Keep the default alpha/rank ratio (2) rather than the default alpha, which the server's
         # LoRA scale limit would refuse for small ranks.
         config["lora_alpha"] = 2 * args.lora_rank
+    for key, value in overrides.items():
+        if value is not None and key in config and config[key] != value:
+            # The flag wins, as flags do; say so, since the request file named another value.
+            print(f"kiln: the command line's {key} {value!r} replaces {config[key]!r} from the request file",
+                  file=sys.stderr)
     config.update({k: v for k, v in overrides.items() if v is not None})
     if args.no_shared_prefix_reference:
         config["shared_prefix_reference"] = False

@@ -77,3 +77,15 @@ def test_the_smoke_test_and_anomaly_flags_reach_the_config(tmp_path):
     with pytest.raises(CliError) as caught:
         _submit_grpo(client, lonely)
     assert caught.value.code == "invalid_arguments"
+
+
+def test_a_flag_that_replaces_the_request_files_value_says_so(tmp_path, capsys):
+    path = tmp_path / "round4b.json"
+    path.write_text(json.dumps({"groups": [GROUP], "config": {"output_name": "math-r004b"}}))
+    client = Client()
+    _submit_grpo(client, _args(path))
+    assert client.posts[0]["config"]["output_name"] == "inl-3"
+    assert "output_name 'inl-3' replaces 'math-r004b' from the request file" in capsys.readouterr().err
+    path.write_text(json.dumps({"groups": [GROUP], "config": {"output_name": "inl-3"}}))
+    _submit_grpo(client, _args(path))
+    assert capsys.readouterr().err == ""  # the same value: nothing to say
