@@ -14,6 +14,8 @@ string inside the completion text.
 
 from __future__ import annotations
 
+import json
+
 from core.contracts.provenance import (
     ProvenanceError,
     prompt_messages_sha256,
@@ -51,7 +53,7 @@ def check_recorded_corpus(groups: list[dict], *, tokenizer: dict | None, base_mo
     checked = 0
     for g, group in enumerate(groups):
         messages_digest = prompt_messages_sha256(group.get("messages"))
-        first_sampling = None
+        group_sampling = _common_sampling(completions_of(group) or [])
         for c, completion in enumerate(completions_of(group) or []):
 
             def fail(drift: str, detail: str, code: str = DRIFT, g=g, c=c):
@@ -80,15 +82,29 @@ def check_recorded_corpus(groups: list[dict], *, tokenizer: dict | None, base_mo
                 fail("base_model", "the behavior base model is not the training base model")
             _check_adapter(policy.get("adapter"), base_adapter, fail)
             sampling = record["sampling"]
-            if first_sampling is None:
-                first_sampling = sampling
-            elif sampling != first_sampling:
-                changed = sorted(k for k in set(sampling) | set(first_sampling)
-                                 if sampling.get(k) != first_sampling.get(k))
-                fail("sampling", f"sampling controls differ from the group's first rollout ({', '.join(changed)})")
+            if sampling != group_sampling:
+                changed = sorted(k for k in set(sampling) | set(group_sampling)
+                                 if sampling.get(k) != group_sampling.get(k))
+                fail("sampling", f"sampling controls differ from the rest of the group's rollouts ({', '.join(changed)})")
             _check_sampling(record, text, trajectory, fail)
             checked += 1
     return checked
+
+
+def _common_sampling(completions: list) -> dict | None:
+    """The sampling controls most of a group's records share (the first on a tie): the odd one out is
+    the edited one, so it is the one a drift names, whichever position it holds."""
+    seen: dict[str, tuple[int, dict]] = {}
+    for completion in completions:
+        record = completion.get("provenance") if isinstance(completion, dict) else None
+        sampling = record.get("sampling") if isinstance(record, dict) else None
+        if isinstance(sampling, dict):
+            key = json.dumps(sampling, sort_keys=True, default=str)
+            count, _ = seen.get(key, (0, sampling))
+            seen[key] = (count + 1, sampling)
+    if not seen:
+        return None
+    return max(seen.values(), key=lambda entry: entry[0])[1]  # max keeps the first of equal counts
 
 
 def _check_adapter(recorded: dict | None, base_adapter: dict | None, fail) -> None:

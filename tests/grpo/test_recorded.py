@@ -117,6 +117,11 @@ def test_changed_sampling_controls_are_rejected(recorded, tiny_model_dir, tmp_pa
     edited[1]["completions"][3]["provenance"]["sampling"]["temperature"] = 0.7
     error = _drift(edited, loaded)
     assert error.drift == "sampling" and (error.group_index, error.completion_index) == (1, 3)
+    # The first completion edited: it is the odd one out, so it is the one named (not its neighbour).
+    edited = copy.deepcopy(groups)
+    edited[1]["completions"][0]["provenance"]["sampling"]["temperature"] = 0.7
+    error = _drift(edited, loaded)
+    assert (error.group_index, error.completion_index) == (1, 0) and "rest of the group" in error.message
 
     # The whole group's temperature edited keeps the records self-consistent; the trainer replays
     # the behavior log-probs with the pinned model and rejects it before the first step.
