@@ -68,9 +68,23 @@ def _respond(request, status: int, code: str, message: str, hint: str = "", head
     return response
 
 
+def fallback_hint(code: str, status: int) -> str:
+    """A hint for a refusal whose raising site gave none: the envelope's hint is never empty."""
+    if code.endswith("_not_found") or status == 404:
+        return "check the name or id; the matching list route (GET /v1/...) shows what exists"
+    if code.endswith(("_invalid_request", "_invalid")) or code == "validation_error" or status in (400, 422):
+        return "see this route's request format in /v1/docs (the OpenAPI document is /v1/openapi.json)"
+    if status == 409:
+        return "the current state does not allow this; read the resource again and retry"
+    if status in (502, 503, 504):
+        return "a service Kiln depends on did not answer; check GET /health and retry"
+    return "see the server log for details"
+
+
 @api.exception_handler(KilnError)
 def _kiln_error(request, exc: KilnError):
-    return _respond(request, exc.status, exc.code, exc.message, exc.hint, exc.headers)
+    return _respond(request, exc.status, exc.code, exc.message, exc.hint or fallback_hint(exc.code, exc.status),
+                    exc.headers)
 
 
 # Routes whose request shape errors keep the code their contract gives every other bad value.
@@ -109,12 +123,13 @@ def _http_error(request, exc: HttpError):
         code = next((v[1] for prefix, v in VALIDATION_CODES.items() if request.path.startswith(prefix)),
                     "invalid_json")
         return _respond(request, 400, code, f"request: not valid JSON ({exc})", "send one JSON object")
-    return _respond(request, exc.status_code, f"http_{exc.status_code}", str(exc))
+    return _respond(request, exc.status_code, f"http_{exc.status_code}", str(exc),
+                    fallback_hint(f"http_{exc.status_code}", exc.status_code))
 
 
 @api.exception_handler(Http404)
 def _not_found(request, exc):
-    return _respond(request, 404, "not_found", str(exc) or "not found")
+    return _respond(request, 404, "not_found", str(exc) or "not found", fallback_hint("not_found", 404))
 
 
 @api.exception_handler(MultiPartParserError)

@@ -63,13 +63,15 @@ class ApiErrorEnvelopeMiddleware:
         if status == 405:
             allowed = response.get("Allow", "")
             wrapped = JsonResponse(error_envelope(code, f"{request.method} is not allowed on {request.path}",
-                                                  f"allowed: {allowed}" if allowed else ""), status=405)
+                                                  f"allowed: {allowed}" if allowed else "see /v1/docs for the routes"),
+                                    status=405)
             if allowed:
                 wrapped["Allow"] = allowed
             return wrapped
         message = {404: f"no route {request.path}", 500: "the server failed to handle this request"}.get(
             status, f"request failed with status {status}")
-        hint = "see /v1/docs for the routes" if status == 404 else ""
+        hint = {404: "see /v1/docs for the routes", 500: "see the server log for the traceback"}.get(
+            status, "retry; if it persists, see the server log")
         wrapped = JsonResponse(error_envelope(code, message, hint), status=status)
         if "Retry-After" in response:
             wrapped["Retry-After"] = response["Retry-After"]

@@ -19,6 +19,7 @@ def _assert_envelope(response, status: int, code: str) -> dict:
     assert set(body["error"]) == {"code", "message", "hint"}
     assert body["error"]["code"] == code
     assert all(isinstance(v, str) for v in body["error"].values())
+    assert body["error"]["hint"], body  # the envelope always says what to do
     return body["error"]
 
 
