@@ -185,10 +185,37 @@ def _choice(index: int, result, *, messages, with_provenance: bool) -> dict:
     return choice
 
 
-def chat_completion(body, *, emit=None) -> dict:
+class ReaderGone(Exception):
+    """Nobody waits for the answer any more (the client disconnected, or its reader gave up)."""
+
+
+READER_CHECK_SECONDS = 0.5  # how often a running request asks whether its reader is still there
+
+
+def _wait_for(handles, reader_gone, relay=None) -> None:
+    """Until every request is done: relay streamed text, and cancel them all (ReaderGone) once
+    `reader_gone()` says nobody waits: an abandoned stream stops generating within a check."""
+    last_check = time.monotonic()
+    while not all(handle.done() for handle in handles):
+        if relay is not None:
+            relay.pump_once()
+        else:
+            time.sleep(0.05)
+        if reader_gone is not None and time.monotonic() - last_check >= READER_CHECK_SECONDS:
+            last_check = time.monotonic()
+            if reader_gone():
+                for handle in handles:
+                    handle.cancel()
+                raise ReaderGone()
+    if relay is not None:
+        relay.pump_once()
+
+
+def chat_completion(body, *, emit=None, reader_gone=None) -> dict:
     """Run one validated ChatCompletionRequest to an OpenAI chat.completion object.
 
-    With `emit` (streaming), the text is relayed token by token as it is sampled."""
+    With `emit` (streaming), the text is relayed token by token as it is sampled. With `reader_gone`,
+    the requests are cancelled (ReaderGone) once it says nobody waits for the answer."""
     from adapters.serving.streaming import StreamRelay
     from gpu_runtime.sample_types import SampleRequestError
 
@@ -207,8 +234,7 @@ def chat_completion(body, *, emit=None) -> dict:
         relay.start()
     handles = [host.sampler.submit(request) for request in requests]
     try:
-        if relay is not None:
-            relay.pump(handles)
+        _wait_for(handles, reader_gone, relay)
         results = [handle.result(timeout=600) for handle in handles]
     except SampleRequestError as exc:
         for handle in handles:
@@ -243,13 +269,17 @@ def _final_chunks(response: dict) -> list[dict]:
     return chunks
 
 
-def handle_chat_completion(raw_body: dict, emit) -> None:
-    """The `infer` actor's work: always ends with exactly one `done` or `error` event."""
+def handle_chat_completion(raw_body: dict, emit, reader_gone=None) -> None:
+    """The `infer` actor's work: ends with exactly one `done` or `error` event, or with none when
+    `reader_gone()` says nobody waits any more (its requests are then cancelled, not finished)."""
     from adapters.serving.schemas import ChatCompletionRequest
 
     try:
         body = ChatCompletionRequest.model_validate(raw_body)
-        response = chat_completion(body, emit=emit if body.stream else None)
+        response = chat_completion(body, emit=emit if body.stream else None, reader_gone=reader_gone)
+    except ReaderGone:
+        log.info("chat completion abandoned by its reader: generation stopped")
+        return
     except KilnError as exc:
         emit({"type": "error", "code": exc.code, "message": exc.message, "hint": exc.hint, "status": exc.status})
         return

@@ -28,6 +28,7 @@ class StreamRelay:
         self._seen = [0] * n
         self._sent = [["", ""] for _ in range(n)]  # [reasoning, content] already streamed
         self._wake = threading.Event()
+        self._diverged: set[tuple[int, str]] = set()  # (choice, field) already warned about
 
     def on_token(self, index: int):
         def record(completion_ids: list[int]) -> None:
@@ -59,23 +60,29 @@ class StreamRelay:
             if text.startswith(sent[slot]) and len(text) > len(sent[slot]):
                 self.emit({"type": "delta", "chunk": self._chunk(index, {key: text[len(sent[slot]):]})})
                 sent[slot] = text
-            elif not text.startswith(sent[slot]):
+            elif not text.startswith(sent[slot]) and (index, key) not in self._diverged:
+                # Once per choice and field: a divergence persists for the rest of the stream.
+                self._diverged.add((index, key))
                 log.warning("streamed %s of choice %d diverged from the final text", key, index)
 
     def pump(self, handles) -> None:
         """Relay new text until every request is done (the caller then settles each result)."""
         while not all(handle.done() for handle in handles):
-            self._wake.wait(0.05)
-            self._wake.clear()
-            for index, ids in enumerate(self._latest):
-                if ids is None or len(ids) == self._seen[index]:
-                    continue
-                snapshot = list(ids)
-                self._seen[index] = len(snapshot)
-                text = self.tokenizer.decode(snapshot, skip_special_tokens=True).rstrip("\ufffd")
-                if self.hold_back:
-                    text = text[: max(0, len(text) - self.hold_back)]
-                self._send(index, *self._split(text))
+            self.pump_once()
+
+    def pump_once(self) -> None:
+        """Wait briefly for new tokens, then relay the new text of every request."""
+        self._wake.wait(0.05)
+        self._wake.clear()
+        for index, ids in enumerate(self._latest):
+            if ids is None or len(ids) == self._seen[index]:
+                continue
+            snapshot = list(ids)
+            self._seen[index] = len(snapshot)
+            text = self.tokenizer.decode(snapshot, skip_special_tokens=True).rstrip("\ufffd")
+            if self.hold_back:
+                text = text[: max(0, len(text) - self.hold_back)]
+            self._send(index, *self._split(text))
 
     def settle(self, index: int, result) -> None:
         """Stream whatever the final result holds beyond what was sent."""

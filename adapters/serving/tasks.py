@@ -30,4 +30,4 @@ def run_chat_completion(request_id: str, body: dict) -> None:
         log.warning("dropping chat completion %s: nobody waits for it any more", request_id)
         return
     emitter.claim(current_worker_id())
-    import_module(WORKER_HANDLER).handle_chat_completion(body, emitter.emit)
+    import_module(WORKER_HANDLER).handle_chat_completion(body, emitter.emit, emitter.reader_gone)

@@ -38,3 +38,45 @@ def test_the_sampler_decodes_as_many_rows_a_step_as_configured(tiny_model_dir, m
         assert [len(r.completion_token_ids) for r in results] == [4] * 5
     finally:
         host.stop()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_request_whose_reader_left_stops_generating(tiny_model_dir, monkeypatch, stream):
+    """A client that disconnects (an abandoned stream, a reader that gave up) cancels its requests
+    within a reader check, emits nothing more, and the sampler is free for the next request."""
+    import time
+
+    from adapters.serving import runtime_host
+
+    monkeypatch.setattr(settings, "KILN", dataclasses.replace(settings.KILN, model_path=tiny_model_dir))
+    monkeypatch.setattr(runtime_host, "READER_CHECK_SECONDS", 0.1)
+    host = runtime_host.ModelHost()
+    host.start()
+    monkeypatch.setattr(runtime_host, "start_model_host", lambda: host)
+    try:
+        host.wait_ready(timeout=120)
+        events, gone_at = [], {}
+        # Temperature 2 on the tiny model: near-uniform tokens, so the rows run to their token budget
+        # (the end token is one in hundreds) unless cancelled.
+        body = {"messages": [{"role": "user", "content": "Count to a thousand."}], "n": 4, "max_tokens": 4000,
+                "temperature": 2.0, "seed": 3, "stream": stream}
+
+        def reader_gone():  # the reader left right after the request started
+            gone_at.setdefault("t", time.monotonic())
+            return True
+
+        runtime_host.handle_chat_completion(body, events.append, reader_gone)
+        stopped = time.monotonic()
+        assert stopped - gone_at["t"] < 2.0  # cancelled at the next check, not after 4 x 4000 tokens
+        assert not any(e["type"] in ("done", "error") for e in events)
+        after = len(events)
+        time.sleep(0.3)
+        assert len(events) == after  # nothing emitted once it returned
+        # The sampler is free: a short request is answered at once.
+        quick = dict(body, n=1, max_tokens=4, stream=False)
+        answered = []
+        runtime_host.handle_chat_completion(quick, answered.append)
+        assert answered[-1]["type"] == "done"
+    finally:
+        host.stop()

@@ -151,7 +151,7 @@ def test_a_redelivered_request_whose_reader_left_is_not_generated(workers, redis
         sync_client.chat_completion_sync(dict(BODY), timeout=120)
     handled = []
     monkeypatch.setattr(tasks, "import_module", lambda name: type("Host", (), {
-        "handle_chat_completion": staticmethod(lambda body, emit: handled.append(body))}))
+        "handle_chat_completion": staticmethod(lambda body, emit, reader_gone=None: handled.append(body))}))
     for request_id in workers.sent:  # both messages come back to a live worker
         tasks.run_chat_completion.fn(request_id, dict(BODY))
     assert handled == []
