@@ -4,9 +4,10 @@
 
 For each fixed prompt the GPU worker generates greedily with the adapter (the same in-cluster route
 the evaluations use, `adapters.serving.sync_client`) and returns the rollout provenance. The canary
-passes when every prompt was answered, every sampled token's log-probability is finite, and the
+passes when every prompt was answered, every sampled token's log-probability is finite, the
 worker's behavior policy names the adapter with the registry's content digest (so the bytes that
-serve are the bytes that were evaluated). The outputs are recorded, so an auditor sees what it said.
+serve are the bytes that were evaluated), and not every reply is empty (a collapsed policy). The
+outputs are recorded, so an auditor sees what it said.
 
 A refusal that is the adapter's fault (it does not load, generation fails on it, its log-probs are
 not finite, the worker served other bytes) fails the canary: the caller quarantines the adapter. A
@@ -102,6 +103,11 @@ def canary_run(*, name: str, content_sha256: str, timeout: float | None = None) 
         output, problems = _judge(prompt, response, content_sha256)
         outputs.append(output)
         reasons.extend(problems)
+    answered = [o for o in outputs if "error" not in o]
+    if answered and len(answered) == len(PROMPTS) and not any(o["content"].strip() for o in answered):
+        # Every prompt answered with nothing (the end token at once): a collapsed policy, whatever its
+        # training figures say. One empty reply can be the model's choice; three are not.
+        reasons.append(f"the adapter answered none of the {len(PROMPTS)} prompts (empty replies): a collapsed policy")
     record = {"schema": SCHEMA, "adapter": name, "content_sha256": content_sha256, "passed": not reasons,
               "reasons": reasons, "prompts": list(PROMPTS), "max_tokens": MAX_TOKENS, "seed": SEED,
               "outputs": outputs, "at": timezone.now().isoformat()}

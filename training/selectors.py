@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.utils import timezone
 
-from adapters.models import Adapter
+from adapters.models import Adapter, AdapterStatus, AdapterTransition
 from adapters.selectors import adapter_promotion
 from core.jobs.error_hints import job_error
 from core.jobs.models import Job, JobState
@@ -73,7 +73,14 @@ def _activation_state(job: Job, adapter, post_eval_result: dict) -> dict:
     at = post_eval_result.get("activated_at")
     if at is None and activation_job is not None and (activation_job.result or {}).get("activated"):
         at = activation_job.finished_at
-    return {"active": bool(adapter and adapter.loaded), "at": at, "demoted_to": post_eval_result.get("demoted_to"),
+    # Replaced or unloaded since: when it stopped serving (its `at` stays the time it was activated).
+    deactivated_at = None
+    if adapter is not None and not adapter.loaded and at is not None:
+        last = (AdapterTransition.objects.filter(adapter=adapter.name, from_state=AdapterStatus.ACTIVE)
+                .order_by("-at", "-id").first())
+        deactivated_at = last.at if last is not None else None
+    return {"active": bool(adapter and adapter.loaded), "at": at, "deactivated_at": deactivated_at,
+            "demoted_to": post_eval_result.get("demoted_to"),
             "quarantined": bool(adapter and adapter.quarantined),
             "error": post_eval_result.get("activation_error") or (
                 {"code": activation_job.error_code or (activation_job.result or {}).get("code"),

@@ -32,6 +32,8 @@ from training.payloads import GrpoJobPayload
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
 
 
+# Fields of a training request that a user may put inside `config` by mistake.
+TOP_LEVEL_FIELDS = ("post_eval", "groups", "rollouts", "dataset", "dataset_path", "dataset_split")
 # The fix for a refusal on a field, where the raising site has nothing more specific to say.
 FIELD_HINTS = (
     ("source", "send exactly one of groups (inline), dataset_path (a JSONL file on the server) or dataset "
@@ -141,7 +143,15 @@ def _parse_submission(body: dict) -> tuple[GrpoSubmission, dict[str, str]]:
     the one place every route (typed, streamed dataset_path, named dataset, UI, OpenEnv) builds
     its effective config. Returns the submission and each config field's source."""
     defaults = settings.KILN.training_defaults
-    merged, sources = apply_training_defaults(body.get("config"), defaults)
+    config = body.get("config")
+    misplaced = sorted(k for k in TOP_LEVEL_FIELDS if isinstance(config, dict) and k in config)
+    if misplaced:
+        # Unknown config keys are allowed (spec §3), but a request field put inside config would be
+        # ignored silently: a post_eval there would train with no gate at all.
+        raise _invalid(f"{misplaced[0]} is a field of the request, not of its config; inside config it would be "
+                       "ignored", f"config.{misplaced[0]}",
+                       f"move {misplaced[0]} out of config, next to it at the top level of the request")
+    merged, sources = apply_training_defaults(config, defaults)
     try:
         return GrpoSubmission.from_request({**body, "config": merged}), sources
     except GrpoConfigError as exc:

@@ -158,8 +158,14 @@ def detail_lines(detail: dict) -> list[str]:
             how.append(f"demoted to {activation['demoted_to']}")
         if activation.get("error"):
             how.append(f"error {activation['error'].get('code')}: {activation['error'].get('message')}")
-        lines.append(f"{'activation':14} {'active' if activation.get('active') else 'inactive'}"
-                     f"{_when(activation.get('at'))}" + (f" ({'; '.join(how)})" if how else ""))
+        if activation.get("active"):
+            when = _when(activation.get("at"))
+        elif activation.get("deactivated_at"):
+            when = f" since {activation['deactivated_at']} (active from {activation.get('at')})"
+        else:
+            when = ""  # never activated: no time to show
+        lines.append(f"{'activation':14} {'active' if activation.get('active') else 'inactive'}{when}"
+                     + (f" ({'; '.join(how)})" if how else ""))
     for evidence in detail.get("post_eval_gate_evidence") or []:
         lines.append(f"{'evidence':14} {evidence.get('outcome')}: accuracy {evidence.get('baseline_accuracy')} "
                      f"({evidence.get('baseline_adapter') or 'base'}) -> {evidence.get('candidate_accuracy')} "

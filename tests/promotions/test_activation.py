@@ -46,7 +46,8 @@ def test_a_load_runs_the_canary_and_records_it(solo, canary_worker):
 
 
 @pytest.mark.parametrize("fault, reason", [("fail_load", "adapter_load_failed"), ("nan_for", "not finite"),
-                                           ("wrong_bytes_for", "the worker served")])
+                                           ("wrong_bytes_for", "the worker served"),
+                                           ("empty_for", "empty replies")])
 def test_a_failed_canary_quarantines_and_the_previous_adapter_stays(solo, canary_worker, fault, reason):
     getattr(canary_worker, fault).add("r2")
     message = error(send(solo, "/v1/adapters/load", {"name": "r2"}), 500, "adapter_load_failed")
@@ -206,6 +207,16 @@ def test_the_training_jobs_activation_state_follows_the_promotion_that_activated
     [shown] = [line for line in lines if line.startswith("activation ")]
     assert shown == (f"activation     active at {detail['states']['activation']['at']} (promotion {promotion.id}; "
                      f"activation job {applied.activation_job.uuid})")
+    # Replaced later: inactive since then, and the line says when it stopped, not when it started.
+    from adapters.activation import make_active
+
+    make_active(name="inc", reason="rolled back")
+    replaced = training_detail(training)["states"]["activation"]
+    assert replaced["active"] is False and replaced["deactivated_at"] > replaced["at"]
+    detail = client_for("reviewer").get(f"/v1/train/jobs/{training.uuid}").json()
+    [shown] = [line for line in detail_lines(detail) if line.startswith("activation ")]
+    assert shown.startswith(f"activation     inactive since {detail['states']['activation']['deactivated_at']} "
+                            f"(active from {detail['states']['activation']['at']})")
 
 
 def test_train_status_prints_the_gates_evidence():

@@ -20,6 +20,7 @@ class StandInWorker:
     def __init__(self):
         self.fail_load: set[str] = set()  # adapter_load_failed for these names
         self.nan_for: set[str] = set()  # a NaN log-prob
+        self.empty_for: set[str] = set()  # empty replies (a collapsed adapter)
         self.wrong_bytes_for: set[str] = set()  # the behavior policy names other bytes
         self.unavailable = False  # no GPU worker: inference_unavailable
         self.calls: list[dict] = []
@@ -37,7 +38,8 @@ class StandInWorker:
         provenance = {"action_tokens": [{"sequence_index": 3, "token_id": 7, "source": "sampled",
                                          "behavior_logprob": logprob}],
                       "behavior_policy": {"adapter": {"name": name, "content_sha256": digest}}}
-        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ready"},
+        content = "" if name in self.empty_for else "ready"
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                              "finish_reason": "stop", "rollout_provenance": provenance}],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
 

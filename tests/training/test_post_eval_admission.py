@@ -35,6 +35,16 @@ def test_an_uninstalled_suite_is_refused(api, home):
     assert not Job.objects.exists()
 
 
+def test_post_eval_inside_config_is_refused_not_ignored(api, home):
+    _suite("placed", [_example(1, "What is 100 + 100?")])
+    body = {"groups": [group(1), group(2)],
+            "config": {"output_name": "p-r001", "post_eval": {"suite": "placed", "min_accuracy": 0.5}}}
+    response = _train(api, body)
+    assert "is a field of the request, not of its config" in error(response, 400, "training_invalid_request")
+    assert "top level" in response.json()["error"]["hint"]
+    assert not Job.objects.exists()
+
+
 def test_post_eval_under_the_maintenance_profile_is_refused_before_it_trains(api, home, settings):
     """Maintenance refuses evaluation: a gate could only end in error, so the run is not queued; the
     same run without post_eval trains (maintenance admits training)."""
