@@ -4,7 +4,9 @@ Strategies (each format has a default):
 - grpo_groups `reference` (default): the prompt is the group's messages, the target the row's
   `reference`, `answer` or `target` field (first found at the root, then in `metadata`/`extra`);
 - grpo_groups `best_completion`: the prompt is the group's messages, the target the text of its
-  highest-reward completion (the first of equal rewards);
+  highest-reward completion (the first of equal rewards); a group whose completions all scored the
+  same says nothing about which answer is right, so it makes no example (a suite of such "targets"
+  would reward whatever the model happened to say);
 - sft_chat `last_assistant` (default): the prompt is every message before the last assistant
   message, the target that message's content;
 - raw `fields` (default): the prompt is the row's `messages`, or its `prompt` string as one user
@@ -62,7 +64,7 @@ def _messages(messages) -> list[dict]:
     return out
 
 
-def prompt_and_target(row: dict, fmt: str, strategy: str, row_number: int) -> tuple[list[dict], object]:
+def prompt_and_target(row: dict, fmt: str, strategy: str, row_number: int) -> tuple[list[dict], object] | None:
     where = f"row {row_number}"
     if strategy == "reference" or strategy == "fields":
         if strategy == "fields":
@@ -83,6 +85,9 @@ def prompt_and_target(row: dict, fmt: str, strategy: str, row_number: int) -> tu
         return prompt, target
     if strategy == "best_completion":
         completions = row.get("completions") or row.get("rollouts")
+        rewards = [c["reward"] for c in completions]
+        if max(rewards) == min(rewards):
+            return None  # no completion stands out: no target to trust
         best = max(range(len(completions)), key=lambda i: (completions[i]["reward"], -i))
         return _messages(row["messages"]), completions[best]["text"]
     messages = row["messages"]  # last_assistant
@@ -94,10 +99,14 @@ def prompt_and_target(row: dict, fmt: str, strategy: str, row_number: int) -> tu
 
 def synthesize_examples(*, dataset: str, fmt: str, strategy: str, partition: str, rows: list[dict],
                         entries: list[dict], corpus_sha256: str, split_manifest_sha256: str) -> list[dict]:
-    """One example per row; `entries` are the split manifest's entries of those rows (same order)."""
+    """One example per row (best_completion skips groups without a best completion); `entries` are
+    the split manifest's entries of those rows (same order)."""
     examples = []
     for row, entry in zip(rows, entries, strict=True):
-        prompt, target = prompt_and_target(row, fmt, strategy, entry["row"])
+        picked = prompt_and_target(row, fmt, strategy, entry["row"])
+        if picked is None:
+            continue
+        prompt, target = picked
         provenance = {"dataset": dataset, "partition": partition, "row": entry["row"],
                       "exact_identity": entry["exact_identity"], "normalized_identity": entry["normalized_identity"],
                       "corpus_sha256": corpus_sha256, "split_manifest_sha256": split_manifest_sha256}
@@ -107,4 +116,7 @@ def synthesize_examples(*, dataset: str, fmt: str, strategy: str, partition: str
         own = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
         metadata = {**{k: v for k, v in own.items() if k != PROVENANCE_KEY}, PROVENANCE_KEY: provenance}
         examples.append({"id": f"row-{entry['row']}", "messages": prompt, "target": target, "metadata": metadata})
+    if rows and not examples:
+        raise SynthesisError("strategy", f"best_completion found no group with a best completion: in all "
+                             f"{len(rows)} groups every completion scored the same")
     return examples

@@ -167,6 +167,27 @@ def test_synthesize_best_completion_head_n_validation_split_and_force(api, home)
     assert ok(send(api, "post", "/v1/eval/datasets/best/synthesize", {**body, "head_n": 3, "force": True}))["examples"] == 3
 
 
+def test_best_completion_skips_groups_where_no_completion_stands_out(api, home):
+    """An all-zero group (every completion wrong, say) has no best completion: taking its first text
+    as the target would make a suite that rewards a wrong answer. Such groups make no example."""
+    rows = [{"messages": [{"role": "user", "content": f"What is {i} + 1?"}],
+             "completions": [{"text": f"Let me add {i} and 1.", "reward": 0.0},
+                             {"text": str(i + 1) if i % 2 else "no idea", "reward": 1.0 if i % 2 else 0.0}]}
+            for i in range(40)]
+    ok(upload(api, "mixed", jsonl(rows)))
+    body = {"suite_name": "mixed-train", "source_split": "train", "strategy": "best_completion",
+            "scorer": {"type": "contains"}}
+    ok(send(api, "post", "/v1/eval/datasets/mixed/synthesize", body))
+    examples = ok(api.get("/v1/eval/suites/mixed-train"))["examples"]
+    assert examples and all(int(e["id"].split("-")[1]) % 2 == 0 for e in examples)  # rows 2, 4, ... = i odd
+    assert all(e["target"] == str(int(e["id"].split("-")[1])) for e in examples)
+    flat = [dict(r, completions=[dict(c, reward=0.0) for c in r["completions"]]) for r in rows]
+    ok(upload(api, "flat", jsonl(flat)))
+    message = error(send(api, "post", "/v1/eval/datasets/flat/synthesize", {**body, "suite_name": "flat-train"}),
+                    400, "eval_invalid_request")
+    assert "every completion scored the same" in message
+
+
 def test_synthesize_sft_chat_and_raw(api, home):
     sft = [{"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": f"u{i}"},
                          {"role": "assistant", "content": f"a{i}"}]} for i in range(3)]
