@@ -127,8 +127,15 @@ def run(args) -> int:
         with handle:
             adapter = client.post("/v1/adapters/upload", data={"name": args.name},
                                   files={"archive": (args.archive.name, handle, "application/gzip")})
-        print_json(adapter) if args.json else print(f"uploaded {adapter['name']} ({adapter['status']}, "
-                                                    f"{adapter['content_sha256']})")
+        if args.json:
+            print_json(adapter)
+            return 0
+        print(f"uploaded {adapter['name']} ({adapter['status']}, {adapter['content_sha256']})")
+        ignored = (adapter.get("checked") or {}).get("ignored_files") or []
+        if ignored:
+            # A downloaded archive carries its receipt and manifest: they describe the original training,
+            # not this upload, so the registry does not keep them (verify then has no training chain).
+            print(f"not kept (only the adapter's config and weights are): {', '.join(ignored)}")
         return 0
     if command == "delete":
         params = {"reason": args.reason} if args.reason else None

@@ -57,6 +57,13 @@ def test_list_show_load_unload_download_upload_delete(kiln, home, peft_adapter, 
     assert result["content_sha256"] == original.content_sha256
     code, out, _ = kiln("adapters", "upload", "math-copy", str(target), "--json")
     assert code == 0 and json.loads(out)["content_sha256"] == original.content_sha256
+    # In text, the upload says which files of the archive the registry did not keep.
+    code, out, _ = kiln("adapters", "upload", "math-copy2", str(target))
+    ignored = json.loads(kiln("adapters", "show", "math-copy2", "--json")[1])  # it exists
+    assert code == 0 and out.startswith("uploaded math-copy2 (available, ") and ignored["name"] == "math-copy2"
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 or lines[1].startswith("not kept (only the adapter's config and weights are): ")
+    kiln("adapters", "delete", "math-copy2")
     code, out, err = kiln("adapters", "delete", "math-r001")
     assert code == 1 and out == "" and err.startswith("error: adapter_active: ") and len(err.splitlines()) == 1
     code, out, _ = kiln("adapters", "unload", "math-r001")
