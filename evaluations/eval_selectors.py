@@ -118,7 +118,10 @@ def eval_summary(job) -> dict:
         "suite_hash": payload.suite["suite_hash"], "effective_generation_hash": payload.effective_generation_hash,
         "targets": payload.labels, "counts": counts, "total": result.get("total", payload.suite["examples"] *
                                                                           len(payload.targets)),
-        "accuracy": result.get("accuracy"), "replay_status": replay["status"] if replay else None,
+        "accuracy": result.get("accuracy"),
+        # One figure per target: a comparison's pooled accuracy mixes adapters and means nothing alone.
+        "target_accuracies": [t.get("accuracy") for t in _targets(payload, result)] if result.get("targets") else None,
+        "replay_status": replay["status"] if replay else None,
         "origin": payload.origin, "created_at": job.created_at, "finished_at": job.finished_at,
         "error": job_error(job),
     }

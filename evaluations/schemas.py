@@ -199,6 +199,7 @@ class EvalJobSummary(Schema):
     counts: dict | None = None
     total: int | None = None
     accuracy: float | None = None
+    target_accuracies: list[float | None] | None = None  # per target, in `targets` order
     replay_status: str | None = None
     origin: dict | None = None
     created_at: datetime

@@ -304,6 +304,14 @@ def _settle(client: KilnClient, job_id: str, follow_it: bool, as_json: bool) -> 
     return 0
 
 
+def _accuracy_cell(job: dict) -> str:
+    """A comparison shows each target's accuracy (in the targets' order), never one pooled figure."""
+    per_target = job.get("target_accuracies")
+    if per_target and len(per_target) > 1:
+        return "/".join("-" if a is None else f"{a:.4f}" for a in per_target)
+    return "" if job.get("accuracy") is None else f"{job['accuracy']:.4f}"
+
+
 def _jobs(client: KilnClient, args) -> int:
     command = args.eval_command
     if command == "status" and not args.job_id:
@@ -312,7 +320,7 @@ def _jobs(client: KilnClient, args) -> int:
             print_json(jobs)
         else:
             rows = [{**j, "targets": ",".join(j["targets"]), "progress": f"{j['progress'] * 100:.0f}%",
-                     "accuracy": "" if j.get("accuracy") is None else f"{j['accuracy']:.4f}"} for j in jobs]
+                     "accuracy": _accuracy_cell(j)} for j in jobs]
             print_table(rows, ["job_id", "mode", "state", "progress", "suite_name", "targets", "accuracy"])
         return 0
     if command == "status":

@@ -65,6 +65,11 @@ def test_compare_and_errors(kiln, suite, model, drained):  # noqa: F811
     assert code == 0, err
     result = json.loads(out[out.index("{"):])
     assert [row["outcomes"][0] == row["outcomes"][1] for row in result["table"]] == [True] * 5
+    # The list shows each target's accuracy, not one pooled figure.
+    per_target = [t["accuracy"] for t in result["targets"]]
+    code, out, err = kiln("eval", "status")
+    [line] = [line for line in out.splitlines() if line.startswith(result["job_id"])]
+    assert code == 0 and "/".join(f"{a:.4f}" for a in per_target) in line
     code, out, err = kiln("eval", "run", "--suite", "missing")
     assert code == 1 and out == "" and err.startswith("error: eval_suite_not_found: ")
     code, out, err = kiln("eval", "run", "--suite", "sums", "--temperature", "9")
