@@ -10,6 +10,15 @@ import pytest
 from kiln_project.cli.main import main
 
 
+@pytest.fixture(autouse=True)
+def _django_already_set_up(monkeypatch):
+    """The local commands call django.setup(), which would point the logging handlers at this test's
+    captured stderr: later tests' log lines would then fail on a closed stream ("Logging error")."""
+    from kiln_project.cli import accounts_cmd
+
+    monkeypatch.setattr(accounts_cmd, "_setup", lambda: None)
+
+
 def _run(capsys, argv):
     code = main(argv)
     err = capsys.readouterr().err

@@ -359,6 +359,7 @@ class FakeRedis:
         self.lists: dict[str, list] = {}
         self.deleted: list[str] = []
         self.timeouts: list[int] = []
+        self.values: dict[str, object] = {}
 
     def blpop(self, keys, timeout):
         self.timeouts.append(timeout)
@@ -374,6 +375,21 @@ class FakeRedis:
 
     def get(self, key):  # the claim of the worker that took a request: none here
         return None
+
+    def set(self, key, value, ex=None):
+        self.values[key] = value
+
+    def pipeline(self):  # commands run when executed, in order (what transport.close_request needs)
+        fake, calls = self, []
+
+        class Pipeline:
+            def __getattr__(self, name):
+                return lambda *args, **kwargs: calls.append((name, args, kwargs)) or self
+
+            def execute(self):
+                return [getattr(fake, name)(*args, **kwargs) for name, args, kwargs in calls]
+
+        return Pipeline()
 
 
 @pytest.fixture
@@ -406,6 +422,7 @@ def test_sync_client_sends_the_validated_body_and_returns_the_response(transport
                                  "name": None, "tool_call_id": None}]
     assert body["seed"] == 1 and body["stream"] is False and body["temperature"] == 1.0  # the model's dump
     assert fake.deleted == [f"kiln:infer:{request_id}", f"kiln:infer:{request_id}:worker"]
+    assert fake.values == {f"kiln:infer:{request_id}:closed": 1}  # a redelivery of it is dropped
     assert fake.timeouts == [5]  # the reader checks every 5 s that the request's worker still lives
 
 
