@@ -32,9 +32,25 @@ JOB_ERROR_HINTS = {
     "adapter_revision_conflict": "use a new versioned output name for every round, e.g. math-r002",
     "adapter_disk_quota_exceeded": "the disk is full: free space under KILN_HOME (kiln adapters delete NAME removes "
                                    "an adapter and its checkpoints), then resubmit",
+    # resuming from a checkpoint: a resume continues exactly one run, so everything must match
+    "checkpoint_not_found": "name a checkpoint folder the job detail's latest_checkpoint shows (kiln train status "
+                            "--job-id JOB), directly beneath the adapter registry",
+    "checkpoint_invalid": "the checkpoint's files changed or are incomplete: resume from an earlier published "
+                          "checkpoint, or start the run again",
+    "checkpoint_adapter_mismatch": "resume under the output name the checkpoint was written for",
+    "checkpoint_source_mismatch": "resume with the identical training data through the same route (the same "
+                                  "dataset_path, named dataset or inline groups) the checkpointed run used",
+    "checkpoint_data_mismatch": "resume with the identical training data the checkpointed run used",
+    "checkpoint_config_mismatch": "resume with the checkpointed run's effective config (only resume_checkpoint, "
+                                  "checkpoint_interval and auto_load may differ)",
+    "checkpoint_base_model_mismatch": "resume on the base model the checkpoint was trained on (KILN_MODEL_PATH)",
+    "checkpoint_tokenizer_mismatch": "resume with the tokenizer the checkpoint was trained with",
+    "checkpoint_precision_mismatch": "resume on the device and precision the checkpoint was trained with",
     # any job
-    "job_cancelled": "it was cancelled on request; resubmit it (a training run may resume from its checkpoint)",
-    "job_interrupted": "its worker stopped while it ran (kill, restart, out of memory); submit it again",
+    "job_cancelled": "it was cancelled on request; resubmit it (a training run resumes from its latest_checkpoint "
+                     "with resume_checkpoint)",
+    "job_interrupted": "its worker stopped while it ran (kill, restart, out of memory); submit it again (a training "
+                       "run resumes from its latest_checkpoint with resume_checkpoint)",
     "job_time_limit": "it ran past its time limit; submit a smaller piece of work",
     "job_error": "an unexpected error: the worker's log has the traceback",
     "adapter_load_failed": "the adapter failed its serving canary and is quarantined: see its canary in GET "
@@ -50,4 +66,5 @@ def job_error(job) -> dict | None:
     """{code, message, hint} of a failed job, or None when it has no error."""
     if not job.error_code:
         return None
-    return {"code": job.error_code, "message": job.error_message, "hint": JOB_ERROR_HINTS.get(job.error_code, "")}
+    hint = JOB_ERROR_HINTS.get(job.error_code) or "see the job's events (kiln jobs show ID) for what happened"
+    return {"code": job.error_code, "message": job.error_message, "hint": hint}

@@ -166,6 +166,15 @@ def detail_lines(detail: dict) -> list[str]:
             when = ""  # never activated: no time to show
         lines.append(f"{'activation':14} {'active' if activation.get('active') else 'inactive'}{when}"
                      + (f" ({'; '.join(how)})" if how else ""))
+    checkpoint = detail.get("latest_checkpoint")
+    if isinstance(checkpoint, dict) and checkpoint.get("resume_checkpoint"):
+        name = checkpoint["resume_checkpoint"]
+        step = checkpoint.get("global_step") or (checkpoint.get("progress") or {}).get("global_step")
+        lines.append(f"{'checkpoint':14} {name}" + (f" (step {step})" if step is not None else "")
+                     + f"; resume with: kiln train grpo --file FILE --adapter {detail.get('adapter_name')} "
+                     f"--resume-checkpoint {name}")
+    elif detail.get("checkpoint_error"):
+        lines.append(f"{'checkpoint':14} none usable: {detail['checkpoint_error']}")
     for evidence in detail.get("post_eval_gate_evidence") or []:
         lines.append(f"{'evidence':14} {evidence.get('outcome')}: accuracy {evidence.get('baseline_accuracy')} "
                      f"({evidence.get('baseline_adapter') or 'base'}) -> {evidence.get('candidate_accuracy')} "

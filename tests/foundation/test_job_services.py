@@ -137,3 +137,17 @@ def test_a_queue_whose_jobs_wait_with_nothing_running_is_woken_again(monkeypatch
     sent.clear()
     assert dispatch.wake_stalled_queues(waited_seconds=20) == [] and sent == []
     assert fresh.queue in tasks.WAKE_ACTORS
+
+
+def test_a_failed_jobs_error_always_carries_a_hint():
+    from core.jobs.error_hints import job_error
+
+    job = services.job_submit(kind="test.steps", payload={"steps": 1})
+    assert job_error(job) is None
+    services.job_fail(job=job, code="checkpoint_source_mismatch", message="another route")
+    hint = job_error(Job.objects.get(id=job.id))["hint"]
+    assert "same route" in hint
+    other = services.job_submit(kind="test.steps", payload={"steps": 1})
+    services.job_fail(job=other, code="something_new", message="?")
+    assert job_error(Job.objects.get(id=other.id)) == {"code": "something_new", "message": "?",
+                                                       "hint": "see the job's events (kiln jobs show ID) for what happened"}

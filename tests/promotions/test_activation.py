@@ -243,3 +243,11 @@ def test_train_status_prints_the_gates_evidence():
         "reason": "the evaluation could not be queued: inference_disabled_by_profile"}}}
     assert ("evaluation     completed (error) at T4, job e2: the evaluation could not be queued: "
             "inference_disabled_by_profile") in detail_lines(errored)
+    # A run with a published checkpoint names it and the command that resumes from it.
+    stopped = {"job_id": "j3", "state": "failed", "adapter_name": "math-r001",
+               "latest_checkpoint": {"resume_checkpoint": "math-r001-checkpoint-step-00000025.kiln-checkpoint",
+                                     "global_step": 25},
+               "states": {"training": {"state": "failed", "at": "T5"}, "evaluation": None, "activation": None}}
+    assert ("checkpoint     math-r001-checkpoint-step-00000025.kiln-checkpoint (step 25); resume with: kiln train "
+            "grpo --file FILE --adapter math-r001 --resume-checkpoint math-r001-checkpoint-step-00000025.kiln-checkpoint"
+            ) in detail_lines(stopped)
