@@ -144,10 +144,12 @@ def test_a_failed_jobs_error_always_carries_a_hint():
 
     job = services.job_submit(kind="test.steps", payload={"steps": 1})
     assert job_error(job) is None
+    job = services.job_claim_next(queue="gpu", worker_id="w1")
     services.job_fail(job=job, code="checkpoint_source_mismatch", message="another route")
     hint = job_error(Job.objects.get(id=job.id))["hint"]
     assert "same route" in hint
-    other = services.job_submit(kind="test.steps", payload={"steps": 1})
+    services.job_submit(kind="test.steps", payload={"steps": 1})
+    other = services.job_claim_next(queue="gpu", worker_id="w1")
     services.job_fail(job=other, code="something_new", message="?")
     assert job_error(Job.objects.get(id=other.id)) == {"code": "something_new", "message": "?",
                                                        "hint": "see the job's events (kiln jobs show ID) for what happened"}
