@@ -51,6 +51,24 @@ def hidden_sibling(path: Path, suffix: str) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(6)}.{suffix}")
 
 
+def remove_abandoned_staging(directory: Path) -> list[Path]:
+    """Remove the `.<name>.<random>.staging` / `.tmp` / `.retired` entries a writer killed mid-write left in
+    `directory` (never offered as artifacts, but they hold disk). Call only when no writer can be
+    running there (`kiln serve` before it starts its workers); returns what was removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for entry in directory.iterdir():
+        if entry.name.startswith(".") and entry.name.endswith((".staging", ".tmp", ".retired")) and not entry.is_symlink():
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
 def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:

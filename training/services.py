@@ -156,9 +156,11 @@ def _parse_submission(body: dict) -> tuple[GrpoSubmission, dict[str, str]]:
         return GrpoSubmission.from_request({**body, "config": merged}), sources
     except GrpoConfigError as exc:
         field = exc.field if exc.field.startswith(("config", "post_eval")) else f"config.{exc.field}"
+        # The defaults note only where the server's table sets the refused field (alone, or merged with
+        # the request's): elsewhere it would send the user looking in the wrong place.
+        from_defaults = field.removeprefix("config.").split(".")[0] in (defaults or {})
         hint = exc.hint or ("this config combines the request with the server's [training.defaults] (GET /v1/config)"
-                            if field.startswith("config") and "server_defaults" in sources.values()
-                            else _invalid("", field).hint)
+                            if from_defaults else _invalid("", field).hint)
         raise KilnError(getattr(exc, "code", "training_invalid_request"), f"{field}: {exc.message}",
                         status=400, field=field, hint=hint) from None
 

@@ -174,6 +174,11 @@ def run(args) -> int:
                        "stop it first, or give this one another KILN_HOME")
 
     call_command("migrate", interactive=False, verbosity=0)
+    # No writer runs yet: what a worker killed mid-write left in the adapter registry goes now.
+    from core.artifacts import remove_abandoned_staging
+
+    for leftover in remove_abandoned_staging(config.layout.adapters):
+        print(f"kiln: removed {leftover.name} (left by a write that was interrupted)", flush=True)
     supervisor = Supervisor(config)
 
     def _on_signal(signum, frame):

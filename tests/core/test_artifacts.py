@@ -139,3 +139,22 @@ def test_an_output_that_is_a_fifo_or_a_directory_is_refused_and_left_as_it_was(t
     (tmp_path / "link").symlink_to(tmp_path / "file")
     artifacts.publish_together([(tmp_path / "link", b"linked")])
     assert (tmp_path / "link").read_bytes() == b"linked" and not (tmp_path / "link").is_symlink()
+
+
+def test_what_an_interrupted_writer_left_is_removed_and_nothing_else(tmp_path):
+    from core.artifacts import remove_abandoned_staging
+
+    (tmp_path / "math-r001").mkdir()
+    (tmp_path / "math-r001-checkpoint-step-00000002.kiln-checkpoint").mkdir()
+    staging = tmp_path / ".math-r001-checkpoint-step-00000003.kiln-checkpoint.7a1cd794bc2a.staging"
+    staging.mkdir()
+    (staging / ".incomplete").write_text("")
+    (tmp_path / ".train_receipt.json.0123456789ab.tmp").write_text("{")
+    (tmp_path / ".math-r000.0123456789ab.retired").mkdir()
+    (tmp_path / ".keep.0123456789ab.bak").write_text("x")  # a pair's backup: recovery may need it
+    removed = remove_abandoned_staging(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([staging.name, ".train_receipt.json.0123456789ab.tmp",
+                                                      ".math-r000.0123456789ab.retired"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".keep.0123456789ab.bak", "math-r001", "math-r001-checkpoint-step-00000002.kiln-checkpoint"]
+    assert remove_abandoned_staging(tmp_path / "missing") == []
