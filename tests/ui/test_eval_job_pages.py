@@ -238,8 +238,13 @@ def test_the_jobs_tab_lists_eval_jobs_with_accuracy_and_a_compare_link(operator_
     html = _html(operator_client.get("/ui/evaluations/jobs/"))
     row = html[html.index(f'id="eval-job-{done.uuid}"'):]
     row = row[:row.index("</tr>")]
-    assert "compare view" in row and ">compare<" in row and "sums" in row and "base, a1" in row and "0.8" in row
+    assert "compare view" in row and ">compare<" in row and "sums" in row and "base, a1" in row
     assert f'href="/ui/evaluations/jobs/{done.uuid}/compare/"' in row and "pass 8 / 10" in row
+    # Each target's accuracy, in the targets' order, not the pooled 0.8.
+    cell = row[row.index('eval-job-accuracy">') + len('eval-job-accuracy">'):]
+    cell = cell[:cell.index("<")].strip()
+    targets = operator_client.get(f"/v1/eval/jobs/{done.uuid}").json()["targets"]
+    assert [float(part) for part in cell.split(" / ")] == pytest.approx([t["accuracy"] for t in targets], abs=1e-3)
     assert f'id="eval-job-{queued.uuid}"' in html
     assert 'data-active="true"' in html and 'hx-trigger="every 4s"' in html  # a queued job: the body re-reads
     fragment = _html(operator_client.get("/ui/evaluations/jobs/?fragment=rows"))
