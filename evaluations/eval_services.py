@@ -97,7 +97,9 @@ def _suite_from_request(body: dict) -> tuple[dict, str]:
             return parse_suite(inline), "inline"
         except SuiteError as exc:
             raise invalid(exc.message, f"suite.{exc.field}") from None
-    suite = suite_get(name=name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        raise invalid(f"must be a registered suite's name (a string), not {type(name).__name__}", "suite_name")
+    suite = suite_get(name=name)
     if suite is None:
         raise KilnError("eval_suite_not_found", f"suite_name: no eval suite named {name!r}", status=404,
                         hint="list suites with GET /v1/eval/suites, or send an inline suite")

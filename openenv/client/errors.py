@@ -131,6 +131,7 @@ class OpenEnvInvalidTaskPage(OpenEnvError):
 class OpenEnvInvalidTaskSelection(OpenEnvError):
     code = "openenv_invalid_task_selection"
     failure_code = None
+    default_hint = "list the environment's splits and task counts with kiln openenv tasks URL (no --split)"
 
 
 # --- WebSocket sessions ------------------------------------------------------------------------

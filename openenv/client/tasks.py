@@ -92,6 +92,12 @@ async def task_catalog(url: Endpoint | str, *, credential: Credential | None = N
             catalog.update(task_api="supported", splits=splits)
             if split is None:
                 return catalog
+            names = [s if isinstance(s, str) else s.get("name") for s in splits if isinstance(s, str | dict)]
+            if names and split not in names:
+                # Asked before num_tasks: an environment may answer an unknown split with a 500.
+                raise OpenEnvInvalidTaskSelection(
+                    f"split {split!r} is not one of the environment's splits ({', '.join(map(str, names))})",
+                    hint=f"pick one of: {', '.join(map(str, names))}")
             body = {"split": split}
             count = await _call(http, endpoint, credential, "POST",
                                 endpoint.task_url(environment_name, "num_tasks"), "POST num_tasks", body)

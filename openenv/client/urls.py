@@ -80,7 +80,8 @@ def normalize_url(raw: str) -> Endpoint:
         raise OpenEnvUrlInvalid(f"the environment URL scheme must be http or https, not {parts.scheme!r}")
     if "@" in parts.netloc:
         raise OpenEnvUrlInvalid("the environment URL must not carry credentials (user@host)",
-                                hint="pass a bearer token with --credential-env VAR instead")
+                                hint="give a bearer token instead: --credential-env VAR on the CLI, or a "
+                                     "credential_ids handle for a server run")
     host = (parts.hostname or "").lower()
     if not host:
         raise OpenEnvUrlInvalid("the environment URL has no host")

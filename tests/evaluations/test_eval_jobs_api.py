@@ -134,6 +134,7 @@ def test_submission_refusals_have_stable_codes(api, suite, gpu_worker, home, set
                                                                       "examples": [{"id": "a"}]}}),
                                                  400, "eval_invalid_request")
     assert "suite_name" in error(_run(api, {"suite_name": "nope"}), 404, "eval_suite_not_found")
+    assert "not int" in error(_run(api, {"suite_name": 12345}), 400, "eval_invalid_request")
     assert error(_run(api, {}), 400, "eval_invalid_request").startswith("suite_name:")
     assert error(_run(api, {"suite_name": "sums", "generation": {"top_p": 0}}), 400,
                  "eval_invalid_request").startswith("generation.top_p:")

@@ -72,3 +72,14 @@ def test_selection_and_page_errors():
     for bad in ({"limit": 0}, {"limit": 201}, {"start": -1}):
         with pytest.raises(errors.OpenEnvInvalidTaskPage):
             catalog(transport=transport(), **bad)
+
+
+def test_an_unknown_split_is_named_before_the_environment_is_asked_for_it():
+    """Some environments answer num_tasks for an unknown split with a 500; the split list is known
+    by then, so the refusal names the split and the ones that exist."""
+    seen = []
+    with pytest.raises(errors.OpenEnvInvalidTaskSelection) as caught:
+        catalog(transport=transport(seen=seen), split="nope")
+    assert "'nope' is not one of the environment's splits (train, test)" in caught.value.message
+    assert caught.value.hint == "pick one of: train, test"
+    assert not any(path.endswith("/num_tasks") for _, path, _ in seen)
