@@ -40,7 +40,8 @@ def invalid(message: str, field: str = "", hint: str = "") -> KilnError:
 
 def dataset_exists_error(name: str) -> KilnError:
     return KilnError("dataset_exists", f"name: a dataset named {name!r} already exists", status=409, field="name",
-                     hint=f"delete it first (DELETE /v1/eval/datasets/{name}) or choose another name")
+                     hint=f"choose another name, or delete it first (its Delete button, kiln eval datasets delete "
+                          f"{name}, or DELETE /v1/eval/datasets/{name})")
 
 
 def validate_dataset_name(name) -> str:

@@ -24,7 +24,8 @@ from evaluations.suites import SuiteError, parse_suite, suite_document
 
 def _exists(name: str) -> KilnError:
     return KilnError("eval_suite_exists", f"name: an eval suite named {name!r} already exists", status=409,
-                     field="name", hint="pass force=true to replace it, or choose another name")
+                     field="name", hint="choose another name, or replace it (the form's replace box, --force on the CLI, "
+                          "force=true in the API)")
 
 
 def suite_store(*, body, force: bool = False, source: dict | None = None, user=None) -> EvalSuite:
