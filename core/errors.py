@@ -39,17 +39,26 @@ DISK_FULL_HINT = ("free space on the server's disk under KILN_HOME (delete old a
                   "kiln adapters delete NAME), then retry")
 
 
-def is_disk_full(exc: BaseException | None) -> bool:
-    """Whether `exc`, or what caused it, is the disk or quota being full (ENOSPC, EDQUOT). Libraries
-    that write files (safetensors, torch.save) wrap the OSError in their own type, so its text counts too."""
-    import errno
-
+def caused_by(exc: BaseException | None, matches) -> bool:
+    """Whether `exc` or any exception in its cause/context chain satisfies `matches(e)`: libraries
+    wrap the OSError or the Redis error that says what really happened in their own types."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+        if matches(exc):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or what caused it, is the disk or quota being full (ENOSPC, EDQUOT). Libraries
+    that write files (safetensors, torch.save) may keep only the OSError's text, so that counts too."""
+    import errno
+
+    def full(e: BaseException) -> bool:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        return "No space left on device" in str(e) or "Disk quota exceeded" in str(e)
+
+    return caused_by(exc, full)

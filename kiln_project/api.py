@@ -15,7 +15,7 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
 from core.accounts.auth import api_auth, require_api_user
-from core.errors import KilnError, error_envelope
+from core.errors import KilnError, caused_by, error_envelope
 
 log = logging.getLogger(__name__)
 
@@ -148,18 +148,10 @@ def _too_large(request, exc):
 
 def _broker_down(exc: BaseException) -> bool:
     """Whether `exc` (or what it wraps) is Redis not answering: refused, reset or timed out."""
-    try:
-        from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import TimeoutError as RedisTimeoutError
-    except ImportError:  # pragma: no cover - redis is a dependency
-        return False
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, RedisConnectionError | RedisTimeoutError):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return caused_by(exc, lambda e: isinstance(e, RedisConnectionError | RedisTimeoutError))
 
 
 @api.exception_handler(Exception)

@@ -52,11 +52,15 @@ GROUP_HINT = ("each group is {messages, completions: [{text, reward}, ...]} with
               "finite rewards (rollout-generate writes this format)")
 
 
+def field_hint(field: str) -> str:
+    """The fix for a refusal on `field` (FIELD_HINTS; the group format for a group's fields)."""
+    return next((text for prefix, text in FIELD_HINTS if field == prefix or field.startswith(prefix + ".")),
+                GROUP_HINT if field.startswith(("groups", "rollouts", "line", "group")) else "")
+
+
 def _invalid(message: str, field: str, hint: str = "") -> KilnError:
-    if not hint:
-        hint = next((text for prefix, text in FIELD_HINTS if field == prefix or field.startswith(prefix + ".")),
-                    GROUP_HINT if field.startswith(("groups", "rollouts", "line", "group")) else "")
-    return KilnError("training_invalid_request", f"{field}: {message}", hint=hint, status=400, field=field)
+    return KilnError("training_invalid_request", f"{field}: {message}", hint=hint or field_hint(field), status=400,
+                     field=field)
 
 
 def snapshots_dir() -> Path:
@@ -160,7 +164,7 @@ def _parse_submission(body: dict) -> tuple[GrpoSubmission, dict[str, str]]:
         # the request's): elsewhere it would send the user looking in the wrong place.
         from_defaults = field.removeprefix("config.").split(".")[0] in (defaults or {})
         hint = exc.hint or ("this config combines the request with the server's [training.defaults] (GET /v1/config)"
-                            if from_defaults else _invalid("", field).hint)
+                            if from_defaults else field_hint(field))
         raise KilnError(getattr(exc, "code", "training_invalid_request"), f"{field}: {exc.message}",
                         status=400, field=field, hint=hint) from None
 

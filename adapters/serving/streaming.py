@@ -65,13 +65,9 @@ class StreamRelay:
                 self._diverged.add((index, key))
                 log.warning("streamed %s of choice %d diverged from the final text", key, index)
 
-    def pump(self, handles) -> None:
-        """Relay new text until every request is done (the caller then settles each result)."""
-        while not all(handle.done() for handle in handles):
-            self.pump_once()
-
     def pump_once(self) -> None:
-        """Wait briefly for new tokens, then relay the new text of every request."""
+        """Wait briefly for new tokens, then relay the new text of every request (the caller loops
+        until every request is done, then settles each result)."""
         self._wake.wait(0.05)
         self._wake.clear()
         for index, ids in enumerate(self._latest):

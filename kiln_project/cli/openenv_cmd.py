@@ -27,7 +27,7 @@ import re
 import sys
 from pathlib import Path
 
-from kiln_project.cli import openenv_runs_cmd
+from kiln_project.cli import openenv_run_text, openenv_runs_cmd
 from kiln_project.cli.client import CliError
 from kiln_project.cli.output import check_output_path, print_json
 
@@ -306,7 +306,7 @@ def _rollout(args) -> int:
     print(f"wrote {summary['groups']} groups ({summary['rollout_count']} rollouts) to {summary['output_path']}")
     print(f"replay: {summary['replay_output_path']}")
     print(f"summary: {summary['summary_output_path']}")
-    returns, episodes = openenv_runs_cmd.stats_lines(stats)
+    returns, episodes = openenv_run_text.stats_lines(stats)
     print(f"return {returns}; {episodes}")
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

@@ -108,7 +108,7 @@ def test_the_environment_evaluation_flags_build_the_requests_block():
 
 
 def test_follow_shows_the_evaluations_side_then_its_decision_with_p_and_counts():
-    from kiln_project.cli.openenv_runs_cmd import progress_line
+    from kiln_project.cli.openenv_run_text import progress_line
 
     status = {"state": "environment_evaluating", "stage": "environment_evaluation",
               "progress": {"groups_completed": 2, "groups_total": 2, "rollouts_completed": 4, "rollouts_total": 4},
