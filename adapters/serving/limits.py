@@ -22,5 +22,7 @@ def error_from_event(event: dict) -> KilnError:
         status = int(event.get("status", 500))
     except (TypeError, ValueError):
         status = 500
+    # A 503 from the worker (it is stopping, the model is loading) passes after a wait: say how long.
+    headers = {"Retry-After": "5"} if status == 503 else None
     return KilnError(event.get("code") or "inference_failed", event.get("message") or "inference failed",
-                     hint=event.get("hint") or "", status=status)
+                     hint=event.get("hint") or "", status=status, headers=headers)

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 # SampleRequestError codes -> HTTP status the web process answers with.
 _STATUS = {"invalid_request": 400, "context_length_exceeded": 400, "adapter_not_found": 404,
-           "adapter_content_mismatch": 409, "adapter_load_failed": 500, "sampler_stopped": 503, "generation_failed": 500}
+           "adapter_content_mismatch": 409, "adapter_load_failed": 500, "sampler_stopped": 503, "server_shutting_down": 503,
+           "generation_failed": 500}
 
 
 _HINTS = {
@@ -32,7 +33,15 @@ _HINTS = {
                                 "or restore its files (kiln adapters verify NAME says which changed)",
     "adapter_load_failed": "the adapter's config and weights do not fit this model: check the adapter folder",
     "context_length_exceeded": "shorten the messages or lower max_tokens",
+    "server_shutting_down": "the GPU worker is stopping (kiln serve is shutting down or restarting it): "
+                            "send the request again once GET /health says the model is loaded",
 }
+
+
+def _shutting_down_error():
+    from gpu_runtime.sample_types import SampleRequestError
+
+    return SampleRequestError("server_shutting_down", "the GPU worker is shutting down")
 
 
 class ModelHost:
@@ -80,7 +89,6 @@ class ModelHost:
 
     def _run_sampler(self) -> None:
         """Step the sampler under the GPU writer lock, so training groups and decoding interleave."""
-        from gpu_runtime.sample_types import SampleRequestError
         from gpu_runtime.writer_lock import gpu_writer
 
         try:
@@ -90,7 +98,17 @@ class ModelHost:
                 if not worked:
                     self._stop.wait(0.005)
         finally:
-            self.sampler.fail_all(SampleRequestError("sampler_stopped", "the GPU worker is shutting down"))
+            self.sampler.fail_all(_shutting_down_error())
+
+    def submit(self, request):
+        """Queue `request` on the sampler; once the host is stopping, it fails with server_shutting_down
+        (spec §1.0, 503) instead of waiting on a sampler loop that no longer runs."""
+        if self._stop.is_set():
+            raise _shutting_down_error()
+        handle = self.sampler.submit(request)
+        if self._stop.is_set():  # stopped between the check and the submit: the loop's last fail_all missed it
+            self.sampler.fail_all(_shutting_down_error())
+        return handle
 
     @property
     def settled(self) -> bool:
@@ -232,8 +250,10 @@ def chat_completion(body, *, emit=None, reader_gone=None) -> dict:
         for index, request in enumerate(requests):
             request.on_token = relay.on_token(index)
         relay.start()
-    handles = [host.sampler.submit(request) for request in requests]
     try:
+        handles = []
+        for request in requests:
+            handles.append(host.submit(request))
         _wait_for(handles, reader_gone, relay)
         results = [handle.result(timeout=600) for handle in handles]
     except SampleRequestError as exc:

@@ -80,3 +80,45 @@ def test_a_request_whose_reader_left_stops_generating(tiny_model_dir, monkeypatc
         assert answered[-1]["type"] == "done"
     finally:
         host.stop()
+
+
+@pytest.mark.django_db
+def test_a_request_in_flight_or_new_while_the_worker_stops_is_server_shutting_down(tiny_model_dir, monkeypatch):
+    """Spec §1.0 names `server_shutting_down` 503: a completion still decoding when the GPU worker stops,
+    and one that arrives after, both end with it (and a Retry-After), not a wait on a stopped loop."""
+    import threading
+
+    from adapters.serving import runtime_host
+    from adapters.serving.limits import error_from_event
+
+    monkeypatch.setattr(settings, "KILN", dataclasses.replace(settings.KILN, model_path=tiny_model_dir))
+    host = runtime_host.ModelHost()
+    host.start()
+    monkeypatch.setattr(runtime_host, "start_model_host", lambda: host)
+    try:
+        host.wait_ready(timeout=120)
+        body = {"messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 4000,
+                "temperature": 2.0, "seed": 5}
+        events: list[dict] = []
+        first_token = threading.Event()
+
+        def collect(event):
+            events.append(event)
+            first_token.set()
+
+        worker = threading.Thread(target=runtime_host.handle_chat_completion, args=(dict(body, stream=True), collect))
+        worker.start()
+        assert first_token.wait(60)
+        host.stop()
+        worker.join(30)
+        assert not worker.is_alive()
+        error = events[-1]
+        assert error["type"] == "error" and error["code"] == "server_shutting_down" and error["status"] == 503
+        refusal = error_from_event(error)
+        assert refusal.status == 503 and refusal.headers == {"Retry-After": "5"} and "GET /health" in refusal.hint
+
+        late: list[dict] = []
+        runtime_host.handle_chat_completion(dict(body, max_tokens=4), late.append)
+        assert [(e["type"], e.get("code")) for e in late] == [("error", "server_shutting_down")]
+    finally:
+        host.stop()
