@@ -47,4 +47,8 @@ def wilson_interval(successes: int, n: int, *, z: float = Z_95) -> tuple[float, 
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At the ends the true bound is exactly 0 or 1; in floats centre -/+ half misses it by an ulp, which
+    # would put an all-pass candidate's upper bound (0.9999999999999999) below a floor of 1.0.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high

@@ -19,6 +19,9 @@ MAX_GROUPS = 100_000
 MAX_COMPLETIONS_PER_GROUP = 1024
 MAX_CORPUS_BYTES = 512 * 1024 * 1024
 MAX_EXACT_INT = 2**53  # beyond this a JSON integer has no exact float (10**400 has none at all)
+# The largest reward in size, float or integer: group statistics square rewards and sum a group of
+# up to 1024 of them in float64, which overflows (OverflowError in the trainer) from about 1e154.
+MAX_REWARD_MAGNITUDE = float(MAX_EXACT_INT)
 SEGMENT_KINDS = ("context", "action", "observation")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 FINISH_REASONS = ("stop", "length")  # as in chat.completion choices
@@ -100,8 +103,9 @@ def _completion(value, where: str) -> dict:
     reward = value.get("reward")
     if isinstance(reward, bool) or not isinstance(reward, int | float):
         raise GroupError(f"{where}.reward", "is required and must be a number")
-    if isinstance(reward, int) and abs(reward) > MAX_EXACT_INT or not math.isfinite(reward):
-        raise GroupError(f"{where}.reward", "must be finite (and an integer reward at most 2**53 in size)")
+    # abs() first: math.isfinite(10**400) raises, while its size compares fine
+    if abs(reward) > MAX_REWARD_MAGNITUDE or not math.isfinite(reward):
+        raise GroupError(f"{where}.reward", "must be finite and at most 2**53 (about 9.0e15) in size")
     completion = {"text": value["text"], "reward": reward}
     if "trajectory" in value:
         if not isinstance(value["trajectory"], list):

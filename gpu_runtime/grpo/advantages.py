@@ -15,8 +15,8 @@ VANILLA_STD_EPS = 1e-8
 
 def population_variance(rewards: Sequence[float]) -> float:
     """Population variance (divide by n), the statistic the reward-variance filter bounds."""
-    if not rewards:
-        return 0.0
+    if is_degenerate_group(rewards):
+        return 0.0  # exactly: the float mean of equal values can miss them by an ulp (1e-34, not 0)
     mean = math.fsum(rewards) / len(rewards)
     return math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)
 

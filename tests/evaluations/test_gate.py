@@ -225,3 +225,11 @@ def test_final_outcome_and_finalize_evidence():
     kept = finalize_evidence(evidence, auto_load=False)
     assert kept["outcome"] == "kept" and evidence["outcome"] == "promoted"  # a copy
     assert finalize_evidence(evidence, auto_load=True)["outcome"] == "promoted"
+
+
+def test_an_all_pass_candidate_meets_a_floor_of_one():
+    # 25/25 passed: the Wilson upper bound is exactly 1 (floats gave 0.9999999999999999, which demoted
+    # and renamed the adapter `.failed` under min_accuracy 1.0).
+    result = gate(pairs(improved=25), min_accuracy=1.0)
+    assert result.decision != "demoted"
+    assert result.evidence["candidate_accuracy_upper_bound"] == 1.0

@@ -38,5 +38,12 @@ def test_wilson_interval_hand_computed():
     assert (round(low, 4), round(high, 4)) == (0.5313, 0.8881)
     assert wilson_interval(0, 0) == (0.0, 1.0)
     assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == pytest.approx(1.0)
-    with pytest.raises(ValueError):
-        wilson_interval(11, 10)
+
+
+@pytest.mark.parametrize("n", [1, 3, 10, 13, 25, 27, 28, 30, 1999])
+def test_wilson_bounds_are_exact_at_the_ends(n):
+    # In floats centre + half rounds to 0.9999999999999999 for many n (25 among them); the true bound
+    # is 1, and a gate floor of 1.0 must not see an all-pass candidate's upper bound below it.
+    assert wilson_interval(n, n)[1] == 1.0
+    assert wilson_interval(0, n)[0] == 0.0
+

@@ -67,6 +67,8 @@ def test_vanilla_advantages_sum_to_zero_and_have_unit_std(rewards):
 def test_population_variance():
     assert population_variance([1.0, 0.0, 0.0, 1.0]) == 0.25
     assert population_variance([]) == 0.0
+    # equal rewards have variance exactly 0 (the float mean of three 0.1s misses 0.1 by an ulp)
+    assert population_variance([0.1] * 3) == 0.0 and population_variance([0.7] * 3) == 0.0
     assert is_degenerate_group([1.0, 1.0]) and is_degenerate_group([]) and not is_degenerate_group([1.0, 0.0])
 
 

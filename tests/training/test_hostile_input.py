@@ -39,6 +39,12 @@ def test_a_reward_beyond_the_float_range_is_a_400(api):
             '[{"text": "5", "reward": 1' + "0" * 400 + '}, {"text": "6", "reward": 0}]}]}')
     message = error(post(api, "/v1/train/grpo", body), 400, "training_invalid_request")["message"]
     assert message.startswith("groups[0].completions[0].reward: must be finite")
+    # finite but past 2**53: the group statistics would overflow in the trainer (OverflowError)
+    for reward in (1e200, -1e17, 2**60):
+        big = {"groups": [{"messages": [{"role": "user", "content": "x"}],
+                           "completions": [{"text": "5", "reward": reward}, {"text": "6", "reward": 0}]}]}
+        message = error(post(api, "/v1/train/grpo", json.dumps(big)), 400, "training_invalid_request")["message"]
+        assert message == "groups[0].completions[0].reward: must be finite and at most 2**53 (about 9.0e15) in size"
     huge_rate = {"groups": [GROUP], "config": {"learning_rate": 10**400}}
     assert "config.learning_rate" in error(post(api, "/v1/train/grpo", json.dumps(huge_rate)), 400,
                                            "training_invalid_request")["message"]
