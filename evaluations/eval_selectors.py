@@ -37,13 +37,34 @@ def eval_results_path(*, job_id: str) -> Path:
 
 def pinned_suite(*, payload: EvalJobPayload) -> dict | None:
     """The suite document a job was pinned to, or None if it is gone or no longer its sha256."""
+    return None if pinned_suite_problem(payload=payload) else json.loads(Path(payload.suite["path"]).read_bytes())
+
+
+def pinned_suite_problem(*, payload: EvalJobPayload) -> str | None:
+    """Why the suite a job was pinned to cannot be used (gone, or no longer its recorded sha256), or None."""
+    return _file_problem(Path(payload.suite["path"]), payload.suite["sha256"], "the pinned suite")
+
+
+def _file_problem(path: Path, recorded: str | None, what: str) -> str | None:
     try:
-        data = Path(payload.suite["path"]).read_bytes()
-    except OSError:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"{what} {path.name} cannot be read ({exc.strerror or exc})"
+    if sha256_digest(data) != recorded:
+        return f"{what} {path.name} no longer hashes to {recorded}, the digest recorded when the job ran"
+    return None
+
+
+def results_problem(*, job) -> str | None:
+    """Why a completed job's published results cannot be trusted (moved, gone, or changed since the
+    job recorded their sha256), or None; None too for a job that published nothing (yet)."""
+    result = job.result or {}
+    if job.state != JobState.COMPLETED or not result.get("results_path"):
         return None
-    if sha256_digest(data) != payload.suite["sha256"]:
-        return None
-    return json.loads(data)
+    expected = eval_results_path(job_id=str(job.uuid))
+    if Path(result["results_path"]) != expected:
+        return f"its results path {result['results_path']} is not the registry's {expected}"
+    return _file_problem(expected, result.get("results_sha256"), "its results file")
 
 
 def eval_jobs(*, limit: int = 200):
@@ -63,16 +84,9 @@ def eval_results_document(*, job) -> dict | None:
     result = job.result or {}
     if job.state != JobState.COMPLETED or not result.get("results_path"):
         return None
-    expected = eval_results_path(job_id=str(job.uuid))
-    if Path(result["results_path"]) != expected:
+    if results_problem(job=job):
         return None
-    try:
-        data = expected.read_bytes()
-    except OSError:
-        return None
-    if sha256_digest(data) != result.get("results_sha256"):
-        return None
-    return json.loads(data)
+    return json.loads(eval_results_path(job_id=str(job.uuid)).read_bytes())
 
 
 def eval_records(*, job) -> list[dict] | None:
@@ -139,7 +153,19 @@ def eval_result(job, *, include_examples: bool = True) -> dict:
         "table": document.get("table", []) if document else [], "replay": _replay(job, payload),
         "results_path": result.get("results_path"), "results_sha256": result.get("results_sha256"),
         "metrics": job.metrics or {},
+        # Set when the published evidence changed or went after the job finished: its examples are then
+        # not shown (they no longer are what was scored) and replay/rerun refuse.
+        "evidence_error": _evidence_error(job, payload),
     }
+
+
+def _evidence_error(job, payload: EvalJobPayload) -> dict | None:
+    from evaluations.eval_services import evidence_integrity_error
+
+    if job.state != JobState.COMPLETED:
+        return None
+    problem = results_problem(job=job) or pinned_suite_problem(payload=payload)
+    return evidence_integrity_error(job, problem).envelope()["error"] if problem else None
 
 
 # -- the job page -----------------------------------------------------------------------------

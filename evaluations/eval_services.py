@@ -185,14 +185,26 @@ def eval_submit(*, body: dict, mode: str = "run", user=None):
     return _submit(payload, user=user, title=_title(mode, suite, targets))
 
 
-def _load_pinned(payload: EvalJobPayload) -> dict:
+def evidence_integrity_error(job, problem: str) -> KilnError:
+    """A finished eval job's evidence (its results file or pinned suite) is gone or changed."""
+    return KilnError("eval_evidence_integrity_failed", f"eval job {job.uuid}: {problem}", status=409, field="job",
+                     hint="the job's evidence changed after it finished: restore the file from a backup, or run "
+                          "the suite again as a new eval job (POST /v1/eval/run, kiln eval run)")
+
+
+def _check_evidence(job) -> None:
+    from evaluations.eval_selectors import pinned_suite_problem, results_problem
+
+    problem = results_problem(job=job) or pinned_suite_problem(payload=EvalJobPayload.of(job))
+    if problem:
+        raise evidence_integrity_error(job, problem)
+
+
+def _load_pinned(job) -> dict:
     from evaluations.eval_selectors import pinned_suite
 
-    document = pinned_suite(payload=payload)
-    if document is None:
-        raise KilnError("eval_invalid_request", "job: the suite this job was pinned to is no longer readable "
-                        "(or changed)", status=400, field="job")
-    return document
+    _check_evidence(job)
+    return pinned_suite(payload=EvalJobPayload.of(job))
 
 
 def eval_rerun(*, job, body: dict, user=None):
@@ -212,14 +224,15 @@ def eval_rerun(*, job, body: dict, user=None):
         seed = parse_seed(body["seed"], "seed") if body.get("seed") is not None else source.seed
     except PayloadError as exc:
         raise _from_payload_error(exc) from None
+    _check_evidence(job)
     records = eval_records(job=job)
     if records is None:
-        raise invalid(f"job {job.uuid} has no readable results", "job")
+        raise invalid(f"job {job.uuid} published no results", "job")
     chosen = set(select_examples(records, kinds))
     if not chosen:
         raise invalid(f"no example of job {job.uuid} has outcome {' / '.join(kinds)}", "outcome_kinds")
     targets = [_target(body["adapter"], "adapter")] if "adapter" in body else [dict(t) for t in source.targets]
-    document = _load_pinned(source)
+    document = _load_pinned(job)
     examples = [e for e in document["examples"] if e["id"] in chosen]
     parsed = {"name": document["name"], "description": document.get("description", ""), "scorer": document["scorer"],
               "examples": document["examples"]}
@@ -244,9 +257,9 @@ def eval_replay(*, job, user=None):
     if job.state != JobState.COMPLETED:
         raise invalid(f"job {job.uuid} is {job.state}; only a completed eval job can be replayed", "job")
     source = EvalJobPayload.of(job)
+    _check_evidence(job)
     if eval_records(job=job) is None:
-        raise invalid(f"job {job.uuid} has no readable results to replay against", "job")
-    _load_pinned(source)
+        raise invalid(f"job {job.uuid} published no results to replay against", "job")
     current = _served_model()
     if current != source.model:
         raise KilnError("eval_replay_model_changed", "the served model is not the one the job ran on: "

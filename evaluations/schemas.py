@@ -222,6 +222,7 @@ class EvalResult(EvalJobSummary):
     results_path: str | None = None
     results_sha256: str | None = None
     metrics: dict
+    evidence_error: dict | None = None  # {code, message, hint}: the results file or pinned suite changed since
 
 
 class EvalJobDeleted(Schema):

@@ -231,6 +231,31 @@ def test_run_rerun_and_replay_in_process(api, suite, model, home):
     replay_page = _page(api, drifted["job_id"])
     assert 'id="eval-replay-status"' in replay_page and "mismatch" in replay_page
     assert "accuracy" in _page(api, rerun["job_id"]).lower()
+    assert result["evidence_error"] is None
+
+    # One changed byte in the published results, then in the pinned suite: the job says so, its
+    # examples are not shown as if scored, and replay/rerun refuse by name (not "invalid request").
+    original = results.read_bytes()
+    results.write_bytes(original.replace(b'"2"', b'"7"', 1))
+    tampered = ok(api.get(f"/v1/eval/jobs/{queued['job_id']}"))
+    assert tampered["examples"] == [] and tampered["evidence_error"]["code"] == "eval_evidence_integrity_failed"
+    assert "results.json no longer hashes to" in tampered["evidence_error"]["message"]
+    for route in ("replay", "rerun"):
+        refused = send(api, "post", f"/v1/eval/jobs/{queued['job_id']}/{route}", {})
+        assert "results.json" in error(refused, 409, "eval_evidence_integrity_failed")
+        assert "restore the file" in refused.json()["error"]["hint"]
+    page = _page(api, queued["job_id"])
+    assert 'id="eval-evidence-error"' in page and "eval_evidence_integrity_failed" in page
+    results.write_bytes(original)
+    pinned = Path(Job.objects.get(uuid=queued["job_id"]).payload["suite"]["path"])
+    suite_bytes = pinned.read_bytes()
+    pinned.write_bytes(suite_bytes.replace(b"1 + 1", b"1 + 2", 1))
+    assert "the pinned suite" in error(send(api, "post", f"/v1/eval/jobs/{queued['job_id']}/replay", {}), 409,
+                                       "eval_evidence_integrity_failed")
+    pinned.unlink()
+    assert "cannot be read" in ok(api.get(f"/v1/eval/jobs/{queued['job_id']}"))["evidence_error"]["message"]
+    pinned.write_bytes(suite_bytes)
+    assert ok(api.get(f"/v1/eval/jobs/{queued['job_id']}"))["evidence_error"] is None
 
 
 def test_compare_pairs_targets_by_example_and_refusals_become_errors(api, home, model):
