@@ -93,15 +93,15 @@ class PolicyAuditAccumulator:
             digest,
             {
                 "behavior_source_sha256": digest,
-                "completion_count": 0,
-                "sampled_action_tokens": 0,
-                "forced_action_tokens": 0,
+                # spec §2.9: each source is {behavior_source_sha256, counts, <identity fields>}
+                "counts": {"completion_count": 0, "sampled_action_tokens": 0, "forced_action_tokens": 0},
                 **{k: provenance.get(k) for k in _IDENTITY_FIELDS},
             },
         )
-        source["completion_count"] += 1
-        source["sampled_action_tokens"] += sampled
-        source["forced_action_tokens"] += forced
+        counts = source["counts"]
+        counts["completion_count"] += 1
+        counts["sampled_action_tokens"] += sampled
+        counts["forced_action_tokens"] += forced
         self.recorded_completions += 1
         self.recorded_sampled_actions += sampled
         self.recorded_forced_actions += forced

@@ -109,7 +109,10 @@ def test_recorded_provenance_groups_behavior_sources():
     )
     assert digest == expected and digest.startswith("sha256:")
     source = next(s for s in block["behavior_sources"] if s["behavior_source_sha256"] == digest)
-    assert (source["completion_count"], source["sampled_action_tokens"], source["forced_action_tokens"]) == (
+    assert set(source) == {"behavior_source_sha256", "counts", "behavior_policy", "tokenizer",
+                           "template_invocation", "sampling", "generation_backend"}  # spec §2.9
+    counts = source["counts"]
+    assert (counts["completion_count"], counts["sampled_action_tokens"], counts["forced_action_tokens"]) == (
         2,
         6,
         2,
