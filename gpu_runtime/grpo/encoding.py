@@ -68,8 +68,13 @@ def encode_groups(
     *,
     template_kwargs: dict | None = None,
     timings: dict[str, float] | None = None,
+    should_stop=None,
 ) -> list[EncodedGroup]:
-    """Encode the groups at `indices` (the kept ones, in training order)."""
+    """Encode the groups at `indices` (the kept ones, in training order). With `should_stop`, a
+    stop between groups raises StopRequested (a large corpus takes minutes to encode)."""
+    from gpu_runtime.grpo.errors import stop_check
+
+    check_stop = stop_check(should_stop)
     timings = timings if timings is not None else {}
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -78,6 +83,7 @@ def encode_groups(
     echo = config.loss.echo
     out = []
     for g in indices:
+        check_stop()
         group = groups[g]
         prompt_ids_cache: dict | None = None
         completions = []

@@ -66,3 +66,16 @@ class CheckpointError(TrainingError):
 
     def __init__(self, code: str, message: str):
         super().__init__(code, message, failure_reason="training_error")
+
+
+class StopRequested(Exception):
+    """A stop (cancel, or the worker shutting down) seen inside a long pass over the corpus: the
+    trainer ends the run as stopped, so a shutdown is not cut off at the worker's grace period."""
+
+
+def stop_check(should_stop):
+    """A callable for a long loop: raises StopRequested once `should_stop()` says so (None: never)."""
+    def check() -> None:
+        if should_stop is not None and should_stop():
+            raise StopRequested()
+    return check

@@ -76,6 +76,7 @@ def verify_recorded_groups(
     base_adapter_identity: dict | None,
     *,
     template_kwargs: dict | None = None,
+    should_stop=None,
 ) -> RecordedSummary:
     """Check every completion's provenance against the pinned tokenizer and identities.
 
@@ -84,8 +85,10 @@ def verify_recorded_groups(
     the warm-start adapter, or None when training starts from the base model. `template_kwargs`
     only matters for records without a `template_invocation` (raw-token prompts).
     """
+    from gpu_runtime.grpo.errors import stop_check
     from gpu_runtime.identity import tokenizer_identity
 
+    check_stop = stop_check(should_stop)  # between groups: StopRequested
     tok_identity = identity.get("tokenizer") or tokenizer_identity(tokenizer)
     try:  # everything the records alone prove: the same checker admission ran
         check_recorded_corpus(groups, tokenizer=tok_identity, base_model_sha256=identity["base_model_sha256"],
@@ -96,6 +99,7 @@ def verify_recorded_groups(
     audit = PolicyAuditAccumulator()
     prompt_cache: dict[tuple, list[int]] = {}
     for g, group in enumerate(groups):
+        check_stop()
         messages = group.get("messages")
         messages_digest = prompt_messages_sha256(messages)
         for c, completion in enumerate(completions_of(group) or []):
@@ -296,7 +300,8 @@ def behavior_is_reference(group, trainer_inference_sha256: str) -> bool:
     return True
 
 
-def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: str) -> dict[str, Any]:
+def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: str, *,
+                             should_stop=None) -> dict[str, Any]:
     """Recompute each recorded completion's sampled-token log-probs with the trainer's initial
     policy (base + warm-start adapter = the behavior policy) under the recorded sampling controls,
     and raise `recorded_provenance_drift` (drift `sampling`) where they do not match the record.
@@ -316,8 +321,12 @@ def replay_behavior_logprobs(model, encoded_groups, trainer_inference_sha256: st
         plan = lean_decoder.plan_for(model, merge_lora=True)
     except lean_decoder.LeanUnsupported:
         plan = None
+    from gpu_runtime.grpo.errors import stop_check
+
+    check_stop = stop_check(should_stop)  # between groups: StopRequested (a forward over the corpus)
     checked, worst = 0, 0.0
     for batch in _replayable(encoded_groups):
+        check_stop()
         chunks = (_lean_chunks(plan, batch, device) if plan is not None
                   else _transformers_chunks(model, batch, device))
         for entries in chunks:

@@ -32,7 +32,7 @@ from gpu_runtime import lean_decoder
 from gpu_runtime.grpo import adapter_io, checkpoint
 from gpu_runtime.grpo.advantages import filter_groups, filter_kwargs
 from gpu_runtime.grpo.encoding import check_groups, encode_groups, group_rewards
-from gpu_runtime.grpo.errors import TrainingError
+from gpu_runtime.grpo.errors import StopRequested, TrainingError
 from gpu_runtime.grpo.receipt import RunLedger
 from gpu_runtime.grpo.recorded import replay_behavior_logprobs, verify_recorded_groups
 from gpu_runtime.grpo.run_outputs import RunOutputs
@@ -87,6 +87,7 @@ class _Run(RunOutputs):
         self.rewards = None
         self.filter_result = None
         self.encoded: list = []
+        self.total_steps = 0  # known once the corpus is encoded (a stop may come before)
         self.peft = None
         self.extra: dict[str, Any] = {}
         self.base_adapter = None
@@ -109,6 +110,8 @@ class _Run(RunOutputs):
             if self._loop():
                 return self._finish_stopped()
             return self._publish()
+        except StopRequested:  # seen inside the corpus checks, the encoding or the behavior replay
+            return self._finish_stopped()
         except TrainingError as exc:
             self._fail(exc)
             raise
@@ -176,7 +179,8 @@ class _Run(RunOutputs):
                 else {"content_sha256": self.base_adapter["adapter_model_sha256"]}
             )
             summary = verify_recorded_groups(
-                request.groups, self.tokenizer, self.identity, base, template_kwargs=request.template_kwargs
+                request.groups, self.tokenizer, self.identity, base, template_kwargs=request.template_kwargs,
+                should_stop=self.should_stop,
             )
             self.extra["recorded_admission"] = summary.to_dict()
         self.encoded = encode_groups(
@@ -186,6 +190,7 @@ class _Run(RunOutputs):
             self.config,
             template_kwargs=request.template_kwargs,
             timings=self.timings,
+            should_stop=self.should_stop,
         )
         per_sample = self.config.loss_aggregation == "per_sample"
         self.total_steps = sum(len(g.completions) if per_sample else 1 for g in self.encoded)
@@ -284,7 +289,7 @@ class _Run(RunOutputs):
         if config.behavior_policy == "recorded" and request.replay_recorded_behavior:
             with torch.no_grad():  # the initial policy is the behavior policy: replay it now
                 self.extra["recorded_behavior_replay"] = replay_behavior_logprobs(
-                    self.peft, self.encoded, self.identity["inference_config_sha256"]
+                    self.peft, self.encoded, self.identity["inference_config_sha256"], should_stop=self.should_stop
                 )
         if self.resume is not None:
             path, manifest, state = self.resume

@@ -200,6 +200,31 @@ def test_a_stop_while_the_data_is_prepared_ends_the_run_before_the_model_is_set_
     assert not (tmp_path / "early").exists()
 
 
+def test_a_stop_while_the_corpus_is_encoded_ends_the_run_between_groups(tiny_model_dir, tmp_path, one_thread,
+                                                                        monkeypatch):
+    """The passes over the corpus (recorded checks, encoding, the behavior replay) ask between groups:
+    a shutdown then ends the run there, within the worker's grace, instead of after the whole corpus
+    (a 400-group corpus outlasted the 30 s grace and left its job `running`)."""
+    from gpu_runtime.grpo import trainer
+
+    def never(self):
+        raise AssertionError("_setup ran after the stop")
+
+    monkeypatch.setattr(trainer._Run, "_setup", never)
+    calls = []
+
+    def stop_on_second_call():
+        calls.append(1)
+        return len(calls) >= 2
+
+    result = trainer.train_grpo(train_request(tiny_model_dir, fixed_groups(6), tmp_path, "mid-encode"),
+                                on_progress=lambda _: None, should_stop=stop_on_second_call)
+    assert result.stopped and result.adapter_path is None and result.final_step == 0
+    assert len(calls) == 2  # asked before group 0 and group 1 of the encoding, and stopped there
+    receipt = json.loads(result.receipt_path.read_text())
+    assert receipt["status"] == "failed" and receipt["failure_reason"] == "cancelled"
+
+
 def test_failures_write_a_receipt(tiny_model_dir, tmp_path, one_thread):
     degenerate = [
         {
