@@ -143,7 +143,7 @@ def adapter_detail(request, name: str):
 
 @router.get("/{name}/receipt", summary="The adapter's train_receipt.json")
 def get_receipt(request, name: str):
-    receipt = selectors.adapter_receipt(adapter=_get_or_404(name))
+    receipt = selectors.adapter_receipt_checked(adapter=_get_or_404(name))  # 409 when it no longer hashes
     if receipt is None:
         raise KilnError("receipt_not_found", f"adapter {name!r} has no training receipt yet", status=404,
                         hint="a receipt is written once its training run enters the loop")
@@ -153,7 +153,7 @@ def get_receipt(request, name: str):
 @router.get("/{name}/download", summary="The adapter folder as a gzip tar (streamed)")
 def download_adapter(request, name: str):
     from adapters.archive import tar_gz_stream
-    from adapters.content import folder_files
+    from adapters.content import content_digest, folder_files
 
     adapter = _get_or_404(name)
     if selectors.adapter_status(adapter) in ("writing", "failed") or not adapter.path:
@@ -163,6 +163,12 @@ def download_adapter(request, name: str):
     if not files:
         raise KilnError("adapter_not_found", f"adapter {name!r} has no files on disk", status=404,
                         hint="its folder was removed; delete the adapter (kiln adapters delete)")
+    actual = content_digest(Path(adapter.path))
+    if actual != adapter.content_sha256:  # never send changed bytes under the registry's digest
+        raise KilnError("adapter_content_mismatch", f"adapter {name!r} now hashes to {actual}, but the registry "
+                        f"published {adapter.content_sha256}: its files changed after publication", status=409,
+                        hint=f"run `kiln adapters verify {name}` to see which file changed; restore it or "
+                             "republish the adapter under a new name")
     response = StreamingHttpResponse(_streamed(request, tar_gz_stream(Path(adapter.path), files, folder=name)),
                                      content_type="application/gzip")
     response["Content-Disposition"] = f'attachment; filename="{name}.tar.gz"'

@@ -25,6 +25,11 @@ class Adapter(models.Model):
     # A serving canary failed on it (adapters.canary): never activated again without allow_quarantined.
     quarantined = models.BooleanField(default=False)
     canary = models.JSONField(null=True, blank=True)  # the last serving canary's record (kiln.serving-canary.v1)
+    # The adapter_manifest.json it was published with (its file sha256; empty: none), so that verify can
+    # tell a deleted or replaced manifest from an adapter that never had one.
+    manifest_sha256 = models.CharField(max_length=80, blank=True)
+    # Uploaded (POST /v1/adapters/upload): trained elsewhere, its receipt (if any) carried in the archive.
+    uploaded = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     published_at = models.DateTimeField(null=True, blank=True)
 

@@ -64,8 +64,30 @@ def _not_found(promotion_id) -> KilnError:
                      hint="list promotions with GET /v1/promotions (kiln promotions list)")
 
 
+MAX_REASON_CHARS = 2000  # like every other free text (descriptions)
+# Control characters other than tab and newline (C0, DEL, C1): a reason is shown on pages, in
+# terminals (`kiln promotions show`) and in receipts, where an escape sequence must never travel.
+_CONTROL = frozenset(chr(c) for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)))
+
+
+def _check_reason(reason) -> str:
+    """A person's reason, stripped, with a browser's CRLF line breaks as newlines: at most
+    MAX_REASON_CHARS characters, no control characters but tab and newline (a lone CR included).
+    Refused with validation_error."""
+    reason = (reason or "").replace("\r\n", "\n").strip()
+    if len(reason) > MAX_REASON_CHARS:
+        raise KilnError("validation_error", f"reason: at most {MAX_REASON_CHARS} characters, got {len(reason)}",
+                        status=422, field="reason", hint="shorten the reason; link to a longer note if needed")
+    bad = next((ch for ch in reason if ch in _CONTROL), None)
+    if bad is not None:
+        raise KilnError("validation_error", f"reason: must not contain control characters (found U+{ord(bad):04X} "
+                        f"at {reason.index(bad)})", status=422, field="reason",
+                        hint="use plain text; newlines and tabs are allowed")
+    return reason
+
+
 def _require_reason(reason: str) -> str:
-    reason = (reason or "").strip()
+    reason = _check_reason(reason)
     if not reason:
         raise KilnError("reason_required", "reason: a decision needs a reason", status=400, field="reason",
                         hint="say why, e.g. --reason 'held-out accuracy improved'")
@@ -93,6 +115,8 @@ def promotion_request(*, candidate: str, user=None, reason: str = "", evidence: 
                       job=None, post_eval_job_id: str | None = None) -> Promotion:
     """Propose making `candidate` the active adapter (by hand, or a passed gate with its evidence)."""
     from adapters.selectors import adapter_active
+
+    reason = _check_reason(reason)
 
     adapter = Adapter.objects.select_related("training_job").filter(name=candidate).first()
     if adapter is None:
@@ -140,7 +164,7 @@ def promotion_after_gate(*, candidate: str, evidence: dict, job=None, user=None)
     alarms = promotion_alarms(promotion_evidence(adapter=adapter, gate=evidence, post_eval_job_id=post_id))
     if not approval_required() and not alarms:
         return None
-    reason = "post_eval gate passed" + ("; flagged: " + "; ".join(alarms) if alarms else "")
+    reason = ("post_eval gate passed" + ("; flagged: " + "; ".join(alarms) if alarms else ""))[:MAX_REASON_CHARS]
     return promotion_request(candidate=candidate, user=user, reason=reason, evidence=evidence, job=job,
                              post_eval_job_id=post_id)
 
@@ -271,7 +295,7 @@ def promotion_for_activation(*, name: str, user, reason: str = "") -> Promotion:
     """`POST /v1/adapters/{name}/activate` (a rollback, or any change of the active adapter) is a
     promotion like any other: with the approval policy on, or an alarm, it waits pending for a reviewer;
     without, the request is its own approval and the activation job starts at once."""
-    reason = (reason or "").strip() or f"activate {name} by hand"
+    reason = _check_reason(reason) or f"activate {name} by hand"
     promotion = promotion_request(candidate=name, user=user, reason=reason)
     if approval_required() or promotion.alarms:
         return promotion

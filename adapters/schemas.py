@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from ninja import Schema
 
-from core.models import ReceiptKind
-from core.receipts import receipt_latest
-
 
 class LoadRequest(Schema):
     name: str
@@ -30,9 +27,9 @@ def adapter_out(adapter, *, active_name: str | None = None, resident: set[str] |
     """One registry row. `status` is writing | available | active | quarantined | failed; `active` says
     whether it is the adapter served by default now; `resident` whether a GPU worker holds it in memory
     (the `loaded` state of the issue; `loaded` itself stays the activation flag, as the guide names it)."""
-    from adapters.selectors import adapter_status
+    from adapters.selectors import adapter_status, adapter_train_row
 
-    receipt = receipt_latest(kind=ReceiptKind.TRAIN, subject=adapter.name)
+    receipt = adapter_train_row(adapter=adapter)  # its own job's row, never an earlier namesake's
     job = adapter.training_job if adapter.training_job_id else None
     return {
         "name": adapter.name,

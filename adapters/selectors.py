@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from adapters.manifest import MANIFEST_FILE
 from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition, Promotion
+from core.canonical import json_digest, sha256_digest
+from core.errors import KilnError
 from core.jobs.error_hints import job_error
 from core.jobs.models import Job, JobState
 from core.models import Receipt, ReceiptKind
@@ -14,6 +17,7 @@ EVAL_KIND = "eval.run"
 POST_EVAL_KIND = "training.post_eval"
 MAX_LINEAGE = 64  # a base_adapter chain longer than this is reported as cut
 MAX_EVAL_JOBS_SCANNED = 500
+RECEIPT_FILE = "train_receipt.json"
 
 
 def adapter_list():
@@ -36,11 +40,66 @@ def adapter_served_bytes(*, name: str) -> tuple[Path, str] | None:
     return (Path(adapter.path), adapter.content_sha256) if adapter and adapter.path else None
 
 
-def adapter_receipt(*, adapter: Adapter) -> dict | None:
+def adapter_origin(*, adapter: Adapter) -> dict:
+    """How this adapter row was published: `uploaded` (trained elsewhere; its receipt, if any, carried in
+    the archive) and `manifest_sha256` (the adapter_manifest.json it had then; None: it had none)."""
+    return {"uploaded": adapter.uploaded, "manifest_sha256": adapter.manifest_sha256 or None}
+
+
+def adapter_train_row(*, adapter: Adapter) -> Receipt | None:
+    """The train receipt row of this adapter: its own training job's. Keyed to the job, not the name, so
+    an adapter never shows the receipt of an earlier (deleted) adapter of the same name; an upload has none."""
+    if not adapter.training_job_id:
+        return None
+    return (Receipt.objects.filter(kind=ReceiptKind.TRAIN, subject=adapter.name, job_id=adapter.training_job_id)
+            .order_by("-created_at", "-id").first())
+
+
+def adapter_receipt_rows(*, adapter: Adapter):
+    """Receipt rows about this adapter row: by name, written since the row was created (rows an earlier
+    adapter of the same name left behind are older)."""
+    return Receipt.objects.filter(subject=adapter.name, created_at__gte=adapter.created_at)
+
+
+def _receipt_refused(name: str, detail: str) -> KilnError:
+    return KilnError("receipt_integrity_failed", f"adapter {name!r}: {detail}", status=409,
+                     hint=f"run `kiln adapters verify {name}` to see which link broke; restore the file or "
+                          "republish the adapter")
+
+
+def adapter_receipt_checked(*, adapter: Adapter) -> dict | None:
+    """train_receipt.json as the API serves it, only while it hashes to what was recorded for it: its
+    train receipt row's digest, or (an upload) the receipt_hash of the manifest it carried, itself the
+    manifest recorded at upload. None: no receipt file. Refused: 409 receipt_integrity_failed."""
     if not adapter.path:
         return None
-    path = Path(adapter.path) / "train_receipt.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    folder = Path(adapter.path)
+    try:
+        data = (folder / RECEIPT_FILE).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        receipt = json.loads(data)
+    except ValueError:
+        raise _receipt_refused(adapter.name, f"{RECEIPT_FILE} is not JSON any more") from None
+    row = adapter_train_row(adapter=adapter)
+    if row is not None:
+        if json_digest(receipt) != row.sha256:
+            raise _receipt_refused(adapter.name, f"{RECEIPT_FILE} no longer hashes to its receipt row's {row.sha256}")
+        return receipt
+    recorded = adapter_origin(adapter=adapter)["manifest_sha256"]
+    if recorded is None:
+        return receipt  # published before manifests, without a row here: nothing recorded to check against
+    try:
+        manifest_data = (folder / MANIFEST_FILE).read_bytes()
+        receipt_hash = json.loads(manifest_data).get("receipt_hash")
+    except (OSError, ValueError, AttributeError):
+        raise _receipt_refused(adapter.name, f"{MANIFEST_FILE}, which binds the receipt, is missing or unreadable") \
+            from None
+    if sha256_digest(manifest_data) != recorded or receipt_hash != sha256_digest(data):
+        raise _receipt_refused(adapter.name, f"{RECEIPT_FILE} no longer hashes to the receipt_hash of the "
+                               f"{MANIFEST_FILE} recorded at publication")
+    return receipt
 
 
 def adapter_active(*, excluding: str | None = None) -> Adapter | None:
@@ -178,6 +237,9 @@ def adapter_lineage(*, adapter: Adapter) -> list[dict]:
 
 
 def adapter_receipts(*, name: str) -> list[dict]:
+    """The receipt rows about the adapter now named `name` (all rows by that name when none is)."""
+    adapter = adapter_get(name=name)
+    rows = adapter_receipt_rows(adapter=adapter) if adapter is not None else Receipt.objects.filter(subject=name)
     return [{"kind": r.kind, "sha256": r.sha256, "schema": r.schema, "created_at": r.created_at,
              "job_id": str(r.job.uuid) if r.job_id else None}
-            for r in Receipt.objects.filter(subject=name).select_related("job").order_by("created_at", "id")]
+            for r in rows.select_related("job").order_by("created_at", "id")]

@@ -4,6 +4,7 @@ Every change appends an AdapterTransition (who, why, which job) in the transacti
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -13,12 +14,16 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from adapters.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
 from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition
 from core.artifacts import CHECKPOINT_SUFFIX, StagedDirectory, ensure_dir, hidden_sibling
+from core.canonical import sha256_digest
+from core.content_identity import file_sha256
 from core.errors import KilnError
 
 log = logging.getLogger(__name__)
 
+RECEIPT_FILE = "train_receipt.json"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ACTIVATION_SCHEMA = "kiln.adapter-activation.v1"  # the same receipt the post-eval gate writes
 
@@ -80,12 +85,20 @@ def adapter_reserve(*, name: str, job=None, base_adapter: str = "", actor=None) 
                         hint="use a new versioned output name") from None
 
 
+def manifest_sha256(folder: Path) -> str:
+    """The sha256 of the folder's adapter_manifest.json ("" without one), recorded on the adapter row at
+    publication (Adapter.manifest_sha256)."""
+    path = Path(folder) / MANIFEST_FILE
+    return file_sha256(path) if path.is_file() else ""
+
+
 def adapter_publish(*, name: str, path: Path, content_sha256: str, base_model_sha256: str, loaded: bool,
                     actor=None, reason: str = "") -> Adapter:
     with transaction.atomic():
         updated = Adapter.objects.filter(name=name, state=AdapterState.WRITING).update(
             state=AdapterState.PUBLISHED, path=str(path), content_sha256=content_sha256,
-            base_model_sha256=base_model_sha256, loaded=loaded, published_at=timezone.now())
+            base_model_sha256=base_model_sha256, loaded=loaded, published_at=timezone.now(),
+            manifest_sha256=manifest_sha256(path))
         if not updated:
             raise KilnError("adapter_revision_conflict", f"adapter {name!r} is no longer reserved", status=409)
         adapter = Adapter.objects.select_related("training_job").get(name=name)
@@ -265,10 +278,45 @@ def _served_base_model_sha256() -> str:
     return str(identity.get("base_model_sha256") or "")
 
 
+def _integrity_failed(file_name: str, detail: str) -> KilnError:
+    return KilnError("adapter_archive_integrity_failed", f"archive: {file_name} {detail}", status=400, field="archive",
+                     hint="the archive is not the adapter its adapter_manifest.json describes: download it again "
+                          "(kiln adapters download NAME), or upload only adapter_config.json and the weights")
+
+
+def _carried_evidence(files: dict[str, Path]) -> dict | None:
+    """The archive's adapter_manifest.json (a Kiln download carries it), once every file it lists that the
+    archive holds matches its size and sha256 and train_receipt.json (if present) its receipt_hash; None
+    without a manifest. The digests are the publisher's (adapters.manifest.manifest_bytes)."""
+    if MANIFEST_FILE not in files:
+        return None
+    try:
+        manifest = json.loads(files[MANIFEST_FILE].read_bytes())
+        listed = {entry["file"]: entry for entry in manifest["files"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _integrity_failed(MANIFEST_FILE, f"is not a readable {MANIFEST_SCHEMA} ({exc})") from None
+    if manifest.get("schema") != MANIFEST_SCHEMA:
+        raise _integrity_failed(MANIFEST_FILE, f"is not a {MANIFEST_SCHEMA}")
+    for file_name, entry in sorted(listed.items()):
+        if file_name in files:
+            part = files[file_name]
+            actual = {"size": part.stat().st_size, "sha256": file_sha256(part)}
+            if actual != {"size": entry.get("size"), "sha256": entry.get("sha256")}:
+                raise _integrity_failed(file_name, f"has {actual['size']} bytes hashing to {actual['sha256']}; "
+                                        f"{MANIFEST_FILE} lists {entry.get('size')} bytes, {entry.get('sha256')}")
+    if RECEIPT_FILE in files:
+        actual = sha256_digest(files[RECEIPT_FILE].read_bytes())
+        if actual != manifest.get("receipt_hash"):
+            raise _integrity_failed(RECEIPT_FILE, f"hashes to {actual}; {MANIFEST_FILE}'s receipt_hash is "
+                                    f"{manifest.get('receipt_hash')}")
+    return manifest
+
+
 def adapter_upload(*, name: str, archive, size: int | None, actor=None, filename: str = "") -> tuple[Adapter, dict]:
     """Publish an uploaded tar.gz as a new adapter, after checking every member and the PEFT layout
-    against the served base model. Anything refused leaves nothing in the registry.
-    Returns (adapter, {checked layout summary, ignored files})."""
+    against the served base model, and the evidence it carries (adapter_manifest.json, train_receipt.json)
+    against its bytes. Anything refused leaves nothing in the registry.
+    Returns (adapter, {checked layout summary, ignored files, carried files})."""
     from adapters.archive import too_large, unpack_upload
     from adapters.content import content_digest
     from adapters.peft_layout import CONFIG_FILE, WEIGHTS_FILE, LayoutError, check_peft_adapter
@@ -291,7 +339,11 @@ def adapter_upload(*, name: str, archive, size: int | None, actor=None, filename
         raise exists from None
     with staged:
         files = unpack_upload(archive, staged.staging, max_bytes=limit)
-        kept = (CONFIG_FILE, WEIGHTS_FILE)
+        manifest = _carried_evidence(files)
+        # Verified evidence is kept (it travels with the weights: /receipt serves it, verify reads it), as a
+        # pair: a receipt that no manifest binds to these weights, or a manifest without its receipt, is not.
+        carried = [MANIFEST_FILE, RECEIPT_FILE] if manifest is not None and RECEIPT_FILE in files else []
+        kept = (CONFIG_FILE, WEIGHTS_FILE, *carried)
         for file_name, part in files.items():
             if file_name in kept:
                 part.rename(staged.staging / file_name)
@@ -304,12 +356,16 @@ def adapter_upload(*, name: str, archive, size: int | None, actor=None, filename
                             hint="upload a LoRA adapter trained for the served base model "
                                  "(GET /v1/models names it)") from None
         digest = content_digest(staged.staging)
+        if manifest is not None and manifest.get("content_sha256") != digest:
+            raise _integrity_failed(MANIFEST_FILE, f"names content {manifest.get('content_sha256')}; the archive's "
+                                    f"config and weights hash to {digest}")
         ignored = sorted(set(files) - set(kept))
         try:
             with transaction.atomic():
                 adapter = Adapter.objects.create(
                     name=name, state=AdapterState.PUBLISHED, path=str(root / name), content_sha256=digest,
-                    base_model_sha256=_served_base_model_sha256(), published_at=timezone.now())
+                    base_model_sha256=_served_base_model_sha256(), published_at=timezone.now(),
+                    uploaded=True, manifest_sha256=manifest_sha256(staged.staging))
                 transition_record(name=name, from_state="", to_state=AdapterStatus.AVAILABLE, actor=actor,
                                   content_sha256=digest,
                                   reason=f"uploaded ({filename})" if filename else "uploaded")
@@ -318,4 +374,4 @@ def adapter_upload(*, name: str, archive, size: int | None, actor=None, filename
             raise exists from None
         except FileExistsError:
             raise exists from None
-    return adapter, {**summary, "ignored_files": ignored}
+    return adapter, {**summary, "ignored_files": ignored, "carried_files": carried}

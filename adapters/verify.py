@@ -38,7 +38,14 @@ The links live in `adapters/verify_links.py`; this module is the walker and the 
 Each link is one function registered with `register_link`; an app above this one adds links
 that need its code (a module `<app>/verify_links.py`, discovered at the first verification) so
 this module never imports an app above it. A promotion or approval link is one more function
-registered `after="activation"` (`promotion`: the approval rows of the promotion that activated it). A link that does not apply is ok with a detail saying why; every
+registered `after="activation"` (`promotion`: the approval rows of the promotion that activated it).
+
+An uploaded adapter (`adapters.selectors.adapter_origin`) was trained on another machine: the links
+only that machine can check (its job row, receipt row, corpus snapshot, lineage) are `checked: false`
+("not checkable here"), never broken and never passed; its bytes, the manifest and receipt it carried
+(when it carried them) and anything recorded here about it are still checked.
+
+A link that does not apply is ok with a detail saying why; every
 link runs even after one broke (the report names them all), and `first_broken` is the first in
 walking order. Imports no torch and no gpu_runtime: the web process runs it.
 """
@@ -71,10 +78,11 @@ class LinkResult:
     detail: str
     expected: Any = None
     actual: Any = None
+    checked: bool = True  # False: it can only be checked on the machine that trained the adapter
 
     def to_dict(self) -> dict:
-        return {"link": self.link, "ok": self.ok, "detail": self.detail, "expected": self.expected,
-                "actual": self.actual}
+        return {"link": self.link, "ok": self.ok, "checked": self.checked, "detail": self.detail,
+                "expected": self.expected, "actual": self.actual}
 
 
 @dataclass
@@ -102,6 +110,11 @@ def ok(link: str, detail: str, expected=None, actual=None) -> LinkResult:
 
 def broken(link: str, detail: str, expected=None, actual=None) -> LinkResult:
     return LinkResult(link, False, detail, expected, actual)
+
+
+def unchecked(link: str, detail: str) -> LinkResult:
+    """Not broken, not verified: the evidence lives on the machine that trained an uploaded adapter."""
+    return LinkResult(link, True, f"not checkable here: {detail}", checked=False)
 
 
 def digest_check(link: str, what: str, expected, actual) -> LinkResult:
@@ -136,6 +149,27 @@ class Chain:
             return None
         files = adapter_files(folder)
         return manifest_digest(file_manifest(folder, files)) if files else None
+
+    @cached_property
+    def origin(self) -> dict:
+        """{"uploaded", "manifest_sha256"}: how this row was published (adapters.selectors.adapter_origin)."""
+        from adapters.selectors import adapter_origin
+
+        return adapter_origin(adapter=self.adapter) if self.adapter else {"uploaded": False, "manifest_sha256": None}
+
+    @property
+    def uploaded(self) -> bool:
+        return self.origin["uploaded"]
+
+    @cached_property
+    def carried_receipt(self) -> dict:
+        """An upload's train_receipt.json as carried in its folder ({} without one; the manifest link
+        checks its bytes against the carried manifest's receipt_hash)."""
+        try:
+            body = json.loads((self.folder / "train_receipt.json").read_bytes())
+        except (OSError, ValueError, TypeError):
+            return {}
+        return body if isinstance(body, dict) else {}
 
     @cached_property
     def training_job(self):

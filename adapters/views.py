@@ -16,6 +16,7 @@ from django.shortcuts import render
 from adapters import promotions as promotion_selectors
 from adapters import selectors as adapter_selectors
 from adapters.receipt_view import receipt_view
+from core.errors import KilnError
 
 
 def adapter_row(adapter, *, active_name: str | None = None) -> dict:
@@ -56,9 +57,11 @@ def adapter_detail(request, name):
     adapter = adapter_selectors.adapter_get(name=name)
     if adapter is None:
         raise Http404("no such adapter")
-    try:
-        receipt, receipt_error = adapter_selectors.adapter_receipt(adapter=adapter), ""
-    except (ValueError, OSError) as exc:  # receipt writes are not atomic (spec §2.9)
+    try:  # shown only while it hashes to what was recorded for it, as GET /v1/adapters/{name}/receipt serves it
+        receipt, receipt_error = adapter_selectors.adapter_receipt_checked(adapter=adapter), ""
+    except KilnError as exc:
+        receipt, receipt_error = None, f"{exc.code}: {exc.message} ({exc.hint})"
+    except OSError as exc:
         receipt, receipt_error = None, f"the receipt could not be read ({type(exc).__name__}: {exc})"
     files, files_error = _files(adapter)
     evaluations = adapter_selectors.adapter_evaluations(adapter=adapter)

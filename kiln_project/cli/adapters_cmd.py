@@ -131,11 +131,15 @@ def run(args) -> int:
             print_json(adapter)
             return 0
         print(f"uploaded {adapter['name']} ({adapter['status']}, {adapter['content_sha256']})")
-        ignored = (adapter.get("checked") or {}).get("ignored_files") or []
+        checked = adapter.get("checked") or {}
+        carried = checked.get("carried_files") or []
+        # A downloaded archive carries its manifest and receipt: checked against the weights, they are kept
+        # as evidence of the original training (kiln adapters verify checks them; the rest was not seen here).
+        print(f"carries (checked against its weights): {', '.join(carried)}" if carried
+              else "carries no receipt: a plain PEFT adapter")
+        ignored = checked.get("ignored_files") or []
         if ignored:
-            # A downloaded archive carries its receipt and manifest: they describe the original training,
-            # not this upload, so the registry does not keep them (verify then has no training chain).
-            print(f"not kept (only the adapter's config and weights are): {', '.join(ignored)}")
+            print(f"not kept: {', '.join(ignored)}")
         return 0
     if command == "delete":
         params = {"reason": args.reason} if args.reason else None

@@ -1,5 +1,6 @@
 """`kiln adapters verify NAME [--json]`: walk the chain of GET /v1/adapters/{name}/verify and print
-one line per link (`ok      link  detail` / `BROKEN  link  detail`); exit 1 naming the first broken one.
+one line per link (`ok      link  detail` / `BROKEN  link  detail`, or `n/a` for a link of an uploaded
+adapter that only the machine that trained it can check); exit 1 naming the first broken one.
 
 Wired by `kiln_project/cli/adapters_cmd.py`: `add_verify_parser(adapters_subparsers, common)`, and
 `run_verify(args)` for `args.adapters_command == "verify"` (the parser sets it as the handler too).
@@ -20,10 +21,15 @@ def add_verify_parser(adapters_subparsers, common) -> None:
     verify.set_defaults(handler=run_verify)
 
 
+def _mark(link: dict) -> str:
+    if not link["ok"]:
+        return "BROKEN"
+    return "ok" if link.get("checked", True) else "n/a"  # n/a: only the machine that trained it can check
+
+
 def report_lines(report: dict) -> list[str]:
     width = max((len(link["link"]) for link in report["links"]), default=0)
-    return [f"{'ok' if link['ok'] else 'BROKEN':6}  {link['link']:{width}}  {link['detail']}"
-            for link in report["links"]]
+    return [f"{_mark(link):6}  {link['link']:{width}}  {link['detail']}" for link in report["links"]]
 
 
 def run_verify(args, client=None) -> int:
@@ -38,5 +44,10 @@ def run_verify(args, client=None) -> int:
         raise CliError("chain_broken", f"adapter {report['adapter']!r}: the first broken link is {first['link']}: "
                        f"{first['detail']}")
     if not getattr(args, "json", False):
-        print(f"adapter {report['adapter']!r}: all {len(report['links'])} links verify")
+        skipped = sum(1 for link in report["links"] if not link.get("checked", True))
+        if skipped:
+            print(f"adapter {report['adapter']!r}: {len(report['links']) - skipped} links verify, {skipped} are not "
+                  "checkable here (uploaded: they live on the machine that trained it)")
+        else:
+            print(f"adapter {report['adapter']!r}: all {len(report['links'])} links verify")
     return 0

@@ -47,7 +47,8 @@ def test_a_gated_promoted_adapter_verifies_end_to_end(home):
     assert "activation receipt row" in links["activation"].detail
     body = report.to_dict()
     assert body["ok"] is True and body["first_broken"] is None
-    assert set(body["links"][0]) == {"link", "ok", "detail", "expected", "actual"}
+    assert set(body["links"][0]) == {"link", "ok", "checked", "detail", "expected", "actual"}
+    assert all(link["checked"] for link in body["links"])  # a chain trained here is checked throughout
 
 
 def test_a_tampered_results_file_breaks_the_eval_link(home):

@@ -115,6 +115,12 @@ def test_the_trained_chain_verifies_and_each_tamper_names_its_link(trained, api,
     link, detail = _first()
     assert link == "adapter_manifest.file" and "receipt_hash" in detail
     restore()
+    # publication recorded the manifest, so a deleted one is missing evidence, not an old adapter
+    manifest_file.unlink()
+    link, detail = _first()
+    assert link == "adapter_manifest.file" and "is missing; the adapter was published with one" in detail
+    restore()
+    assert verify_adapter("chain-r001").ok
 
     # (c) the receipt row, behind the model's back
     row = Receipt.objects.get(kind="train", subject="chain-r001")
