@@ -154,16 +154,18 @@ def adapter_demote(*, name: str, actor=None, reason: str = "", job=None) -> Path
 # -- changes asked for through /v1/adapters (a user is the actor) --------------------------------------
 
 def check_activation_right(user, *, field: str = "name") -> None:
-    """Activating or unloading changes what serves: in a team (more than one active user) that is the
-    approver's call (jobs.approve_promotion); alone on a machine, anyone who may submit work may."""
-    from django.contrib.auth import get_user_model
+    """Activating or unloading by hand changes what serves: while promotions need approval ([promotion]
+    require_approval; unset, on whenever more than one user exists) that is an approver's call
+    (jobs.approve_promotion); otherwise anyone who may submit work may."""
+    from adapters.promotions import approval_required
 
     if user is None or user.has_perm("jobs.approve_promotion"):
         return
-    if get_user_model().objects.filter(is_active=True).count() > 1:
-        raise KilnError("activation_needs_approval", "changing the active adapter needs the approve_promotion "
-                        "permission when more than one user exists", status=403, field=field,
-                        hint="ask a user with jobs.approve_promotion (an administrator grants it in /admin/)")
+    if approval_required():
+        raise KilnError("activation_needs_approval", "changing the active adapter by hand needs the "
+                        "approve_promotion permission while promotions need approval", status=403, field=field,
+                        hint="request it as a promotion instead (kiln adapters activate NAME, POST "
+                             "/v1/adapters/{name}/activate), or ask a user with jobs.approve_promotion")
 
 
 def _locked(name: str) -> Adapter:

@@ -119,6 +119,21 @@ def test_in_a_team_activation_needs_the_approve_permission(api, home, peft_adapt
     assert [h[2] for h in _history("a1")[2:]] == ["approver", "approver"]
 
 
+def test_the_activation_right_follows_the_configured_approval_policy(api, home, peft_adapter, make_client, settings):
+    """[promotion] require_approval decides, not the user count: off, a submitter in a team loads; on, a
+    submitter alone on the machine may not (an approver's promotion is the way)."""
+    from dataclasses import replace
+
+    publish(home, peft_adapter, "a1")
+    settings.KILN = replace(settings.KILN, promotion_require_approval=True)
+    response = send(api, "post", "/v1/adapters/load", {"name": "a1"})
+    error(response, 403, "activation_needs_approval")
+    assert "kiln adapters activate NAME" in response.json()["error"]["hint"]
+    make_client("second", can_approve=False)
+    settings.KILN = replace(settings.KILN, promotion_require_approval=False)
+    assert ok(send(api, "post", "/v1/adapters/load", {"name": "a1"}))["status"] == "active"
+
+
 def _checkpoint(home, name: str, step: int):
     folder = home / "adapters" / f"{name}-checkpoint-step-{step:08d}.kiln-checkpoint"
     folder.mkdir()
