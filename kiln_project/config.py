@@ -21,7 +21,38 @@ DEFAULT_HOST = "127.0.0.1"
 
 
 class ConfigError(ValueError):
-    """The configuration file or an environment variable holds a value Kiln cannot use."""
+    """The configuration file or an environment variable holds a value Kiln cannot use.
+
+    The message names the key (`[server] port`) or the variable (`KILN_PORT`); `code` is the stable
+    error code the CLI prints, `hint` says where the setting lives (load_config fills it in)."""
+
+    code = "invalid_config"
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+# The KILN_KERNELS modes (gpu_runtime.kernels.selection.MODES; a test keeps the two equal). The web
+# process never imports gpu_runtime, so the list is repeated here to check the variable at startup.
+KERNEL_MODES = ("auto", "torch", "triton")
+
+# Every kiln.toml table and the keys Kiln reads from it: anything else is refused by name (a typo
+# such as `serving_profle` would otherwise silently leave the default in force). Nested tables
+# ([training.defaults], [openenv.credentials.<id>]) are checked by their own parsers.
+KNOWN_KEYS: dict[str, tuple[str, ...]] = {
+    "model": ("path",),
+    "server": ("home", "serving_profile", "host", "port", "allow_anonymous_api", "max_request_bytes",
+               "max_adapter_upload_bytes", "production", "allowed_hosts"),
+    "jobs": ("max_queued_jobs",),
+    "training": ("max_queued_jobs", "checkpoint_interval", "dataset_roots", "defaults"),
+    "openenv": ("enabled", "allow_remote_environments", "max_active_runs", "max_tracked_runs",
+                "tracked_run_ttl_secs", "credentials"),
+    "promotion": ("require_approval", "allow_self_approval", "max_kl_to_reference", "min_length_ratio",
+                  "max_length_ratio"),
+    "sampler": ("max_batch_size",),
+}
+TOP_LEVEL_KEYS = ("home", *KNOWN_KEYS)
 
 
 @dataclass(frozen=True)
@@ -80,6 +111,8 @@ class KilnConfig:
     # at the cost of one KV cache row each: size it to the accelerator's memory and the longest
     # completions served.
     sampler_max_batch_size: int = 32
+    # KILN_KERNELS (auto | torch | triton): the GPU worker's kernel path (gpu_runtime.kernels.selection).
+    kernels: str = "auto"
 
     @property
     def dataset_roots(self) -> tuple[Path, ...]:
@@ -126,6 +159,23 @@ def _redact_url(url: str) -> str:
     return url
 
 
+def _kind(value) -> str:
+    """What a kiln.toml value is, in words (for a refusal)."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return f"a {type(value).__name__}"
+
+
 def _parse_bool(name: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -135,14 +185,62 @@ def _parse_bool(name: str, value: str) -> bool:
     raise ConfigError(f"{name} must be true or false, not {value!r}")
 
 
-def _parse_int(name: str, value, minimum: int = 0) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be an integer, not {value!r}") from None
-    if number < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, not {number}")
+def _range_words(minimum: int, maximum: int | None) -> str:
+    return f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
+
+
+def _parse_int(name: str, value, minimum: int = 0, maximum: int | None = None, text: bool = True) -> int:
+    """An integer from an environment variable (`text`) or kiln.toml (a TOML integer: not a boolean, not
+    a float, not a string), within [minimum, maximum]. `name` is the variable or `[section] key`."""
+    if text and isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer {_range_words(minimum, maximum)}, not {value!r}") from None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        raise ConfigError(f"{name} must be an integer {_range_words(minimum, maximum)}, "
+                          f"not {value!r} ({_kind(value)})")
+    if number < minimum or (maximum is not None and number > maximum):
+        raise ConfigError(f"{name} must be an integer {_range_words(minimum, maximum)}, not {number}")
     return number
+
+
+def _int_setting(env: dict, variable: str, table: dict, where: str, key: str, default: int,
+                 minimum: int, maximum: int | None = None) -> int:
+    """The variable (when set and not empty) wins over the kiln.toml key; neither: the default."""
+    if env.get(variable, "").strip():
+        return _parse_int(variable, env[variable], minimum, maximum)
+    if key in table:
+        return _parse_int(f"{where} {key}", table[key], minimum, maximum, text=False)
+    return default
+
+
+def _toml_bool(table: dict, where: str, key: str, default):
+    if key not in table:
+        return default
+    value = table[key]
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} {key} must be true or false, not {value!r} ({_kind(value)})")
+    return value
+
+
+def _bool_setting(env: dict, variable: str, table: dict, where: str, key: str, default):
+    """The variable (1/0, true/false, yes/no, on/off) wins over the kiln.toml key, which must be a TOML
+    boolean (`"false"`, a string, is refused: it would read as true); neither: the default."""
+    if variable in env:
+        return _parse_bool(variable, env[variable])
+    return _toml_bool(table, where, key, default)
+
+
+def _toml_string(table: dict, where: str, key: str) -> str | None:
+    if key not in table:
+        return None
+    value = table[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where} {key} must be a non-empty string, not {value!r} ({_kind(value)})")
+    return value
 
 
 def _find_config_file(env: dict) -> Path | None:
@@ -156,81 +254,121 @@ def _find_config_file(env: dict) -> Path | None:
     return local if local.is_file() else None
 
 
+def _tables(toml: dict) -> dict[str, dict]:
+    """The kiln.toml tables by name, each checked: a table, holding only keys Kiln reads."""
+    unknown = [key for key in toml if key not in TOP_LEVEL_KEYS]
+    if unknown:
+        raise ConfigError(f"unknown kiln.toml key or table {unknown[0]!r}; known: "
+                          f"{', '.join(f'[{name}]' if name in KNOWN_KEYS else name for name in TOP_LEVEL_KEYS)}")
+    tables: dict[str, dict] = {}
+    for name, known in KNOWN_KEYS.items():
+        table = toml.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{name}] must be a table (a [{name}] section), not {table!r} ({_kind(table)})")
+        for key in table:
+            if key not in known:
+                raise ConfigError(f"[{name}] {key} is not a Kiln setting; [{name}] knows {', '.join(known)}")
+        tables[name] = table
+    return tables
+
+
 def load_config(env: dict | None = None) -> KilnConfig:
-    """Build the effective configuration. Environment variables win over `kiln.toml`."""
+    """Build the effective configuration. Environment variables win over `kiln.toml`.
+
+    Relative paths in kiln.toml (home, [model] path, [training] dataset_roots) are relative to the
+    file's folder; relative paths in environment variables to the working folder. Every refusal is
+    a ConfigError naming the key or variable, with a hint naming where it is set."""
     env = dict(os.environ if env is None else env)
-    config_file = _find_config_file(env)
+    config_file = None
+    try:
+        config_file = _find_config_file(env)
+        return _load(env, config_file)
+    except ConfigError as exc:
+        if not exc.hint:
+            variable = exc.message.split(" ", 1)[0]
+            if variable.startswith("KILN_"):
+                where = f"the environment variable {variable} (variables win over kiln.toml)"
+            elif config_file:
+                where = str(config_file)
+            else:
+                where = "kiln.toml (KILN_CONFIG, else ./kiln.toml) or the KILN_* environment variable"
+            exc.hint = f"fix {where}; README.md, Configuration, lists every setting"
+        raise
+
+
+def _load(env: dict, config_file: Path | None) -> KilnConfig:
     toml: dict = {}
     if config_file:
         try:
             toml = tomllib.loads(config_file.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{config_file}: {exc}") from None
-    model_toml = toml.get("model", {})
-    server_toml = toml.get("server", {})
-    jobs_toml = toml.get("jobs", {})
-    training_toml = toml.get("training", {})
-    openenv_toml = toml.get("openenv", {})
-    promotion_toml = toml.get("promotion", {})
-    sampler_toml = toml.get("sampler", {})
+    tables = _tables(toml)
+    model_toml, server_toml, jobs_toml = tables["model"], tables["server"], tables["jobs"]
+    training_toml, openenv_toml = tables["training"], tables["openenv"]
+    promotion_toml, sampler_toml = tables["promotion"], tables["sampler"]
+    file_folder = config_file.resolve().parent if config_file else Path.cwd()
 
-    home = env.get("KILN_HOME") or toml.get("home") or server_toml.get("home") or "~/.kiln"
-    home_path = Path(home).expanduser().resolve()
+    def toml_path(value: str) -> Path:
+        return (file_folder / Path(value).expanduser()).resolve()
 
-    model_path = env.get("KILN_MODEL_PATH") or model_toml.get("path")
-    if not model_path and HomeLayout(home_path).tiny_model.is_dir():
+    toml_home = _toml_string(toml, "kiln.toml", "home") if "home" in toml else _toml_string(server_toml, "[server]",
+                                                                                           "home")
+    if env.get("KILN_HOME"):
+        home_path = Path(env["KILN_HOME"]).expanduser().resolve()
+    elif toml_home:
+        home_path = toml_path(toml_home)
+    else:
+        home_path = Path("~/.kiln").expanduser().resolve()
+
+    toml_model = _toml_string(model_toml, "[model]", "path")
+    if env.get("KILN_MODEL_PATH"):
+        model_path: Path | None = Path(env["KILN_MODEL_PATH"]).expanduser().resolve()
+    elif toml_model:
+        model_path = toml_path(toml_model)
+    elif HomeLayout(home_path).tiny_model.is_dir():
         # The embedded default: the tiny model that `kiln model create-tiny` put in KILN_HOME.
         model_path = HomeLayout(home_path).tiny_model
+    else:
+        model_path = None
 
-    profile = (
-        env.get("KILN_SERVER_SERVING_PROFILE")
-        or env.get("KILN_SERVING_PROFILE")
-        or server_toml.get("serving_profile")
-        or "stable"
-    )
+    profile_source = next((name for name in ("KILN_SERVER_SERVING_PROFILE", "KILN_SERVING_PROFILE") if env.get(name)),
+                          "[server] serving_profile")
+    profile = (env.get(profile_source) if profile_source in env
+               else _toml_string(server_toml, "[server]", "serving_profile") or "stable")
     if profile not in SERVING_PROFILES:
-        raise ConfigError(f"serving profile must be one of {', '.join(SERVING_PROFILES)}, not {profile!r}")
+        raise ConfigError(f"serving profile must be one of {', '.join(SERVING_PROFILES)}, not {profile!r} "
+                          f"({profile_source})")
 
-    anonymous = env.get("KILN_ALLOW_ANONYMOUS_API")
+    kernels = env.get("KILN_KERNELS", "auto").strip().lower() or "auto"
+    if kernels not in KERNEL_MODES:
+        raise ConfigError(f"KILN_KERNELS must be one of {', '.join(KERNEL_MODES)}, not {env['KILN_KERNELS']!r}")
+
     extra_modules = env.get("KILN_EXTRA_JOB_MODULES", "")
     return KilnConfig(
         home=home_path,
-        model_path=Path(model_path).expanduser().resolve() if model_path else None,
+        model_path=model_path,
         serving_profile=profile,
-        host=env.get("KILN_HOST") or server_toml.get("host") or DEFAULT_HOST,
-        port=_parse_int("port", env.get("KILN_PORT") or server_toml.get("port") or DEFAULT_PORT, 1),
+        host=env.get("KILN_HOST") or _toml_string(server_toml, "[server]", "host") or DEFAULT_HOST,
+        port=_int_setting(env, "KILN_PORT", server_toml, "[server]", "port", DEFAULT_PORT, 1, 65535),
         database_url=env.get("DATABASE_URL") or None,
         redis_url=env.get("KILN_REDIS_URL") or None,
-        allow_anonymous_api=(
-            _parse_bool("KILN_ALLOW_ANONYMOUS_API", anonymous)
-            if anonymous is not None
-            else bool(server_toml.get("allow_anonymous_api", False))
-        ),
-        max_queued_jobs=_parse_int(
-            "max_queued_jobs", env.get("KILN_MAX_QUEUED_JOBS") or jobs_toml.get("max_queued_jobs") or 32, 1
-        ),
-        max_request_bytes=_parse_int(
-            "max_request_bytes",
-            env.get("KILN_MAX_REQUEST_BYTES") or server_toml.get("max_request_bytes") or 8 * 1024 * 1024,
-            1024,
-        ),
-        max_adapter_upload_bytes=_parse_int(
-            "max_adapter_upload_bytes",
-            env.get("KILN_MAX_ADAPTER_UPLOAD_BYTES") or server_toml.get("max_adapter_upload_bytes")
-            or 512 * 1024 * 1024,
-            1024,
-        ),
+        allow_anonymous_api=_bool_setting(env, "KILN_ALLOW_ANONYMOUS_API", server_toml, "[server]",
+                                          "allow_anonymous_api", False),
+        max_queued_jobs=_max_queued_jobs(env, training_toml, jobs_toml),
+        max_request_bytes=_int_setting(env, "KILN_MAX_REQUEST_BYTES", server_toml, "[server]", "max_request_bytes",
+                                       8 * 1024 * 1024, 1024),
+        max_adapter_upload_bytes=_int_setting(env, "KILN_MAX_ADAPTER_UPLOAD_BYTES", server_toml, "[server]",
+                                              "max_adapter_upload_bytes", 512 * 1024 * 1024, 1024),
         secret_key=env.get("KILN_SECRET_KEY") or None,
         config_file=config_file,
         extra_job_modules=tuple(m.strip() for m in extra_modules.split(",") if m.strip()),
         extra_dataset_roots=_extra_dataset_roots(env, training_toml, config_file),
         allowed_hosts=_allowed_hosts(env, server_toml),
-        production=(_parse_bool("KILN_PRODUCTION", env["KILN_PRODUCTION"]) if "KILN_PRODUCTION" in env
-                    else bool(server_toml.get("production", False))),
-        openenv_allow_remote_environments=(
-            _parse_bool("KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS", env["KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS"])
-            if "KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS" in env
-            else bool(openenv_toml.get("allow_remote_environments", False))),
+        production=_bool_setting(env, "KILN_PRODUCTION", server_toml, "[server]", "production", False),
+        openenv_allow_remote_environments=_bool_setting(
+            env, "KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS", openenv_toml, "[openenv]", "allow_remote_environments",
+            False),
         **_openenv_runs(env, openenv_toml),
         openenv_credentials=_openenv_credentials(env, openenv_toml),
         promotion_require_approval=_optional_bool(env, "KILN_PROMOTION_REQUIRE_APPROVAL", promotion_toml,
@@ -239,12 +377,21 @@ def load_config(env: dict | None = None) -> KilnConfig:
                                                           "allow_self_approval", False)),
         **_promotion_bounds(env, promotion_toml),
         training_defaults=_training_defaults(env, training_toml),
-        sampler_max_batch_size=_parse_int(
-            "[sampler] max_batch_size",
-            env.get("KILN_SAMPLER_MAX_BATCH_SIZE") or sampler_toml.get("max_batch_size", 32),
-            1,
-        ),
+        sampler_max_batch_size=_int_setting(env, "KILN_SAMPLER_MAX_BATCH_SIZE", sampler_toml, "[sampler]",
+                                            "max_batch_size", 32, 1),
+        kernels=kernels,
     )
+
+
+def _max_queued_jobs(env: dict, training_toml: dict, jobs_toml: dict) -> int:
+    """KILN_MAX_QUEUED_JOBS, else [training] max_queued_jobs (the spec's name), else its older alias
+    [jobs] max_queued_jobs (both set: they must agree); else 32."""
+    training = _int_setting({}, "", training_toml, "[training]", "max_queued_jobs", 0, 1)
+    jobs = _int_setting({}, "", jobs_toml, "[jobs]", "max_queued_jobs", 0, 1)
+    if training and jobs and training != jobs:
+        raise ConfigError(f"[training] max_queued_jobs ({training}) and its alias [jobs] max_queued_jobs ({jobs}) "
+                          "disagree; set one of them")
+    return _int_setting(env, "KILN_MAX_QUEUED_JOBS", {}, "", "", training or jobs or 32, 1)
 
 
 def _json_variable_or_table(env: dict, variable: str, table_name: str, table) -> tuple[str, object]:
@@ -266,6 +413,19 @@ def _training_defaults(env: dict, training_toml: dict) -> dict:
 
     where, table = _json_variable_or_table(env, "KILN_TRAINING_DEFAULTS", "[training.defaults]",
                                            training_toml.get("defaults", {}))
+    if where == "[training.defaults]" and "checkpoint_interval" in training_toml:
+        # The spec's server default `training.checkpoint_interval`: the same as [training.defaults]
+        # checkpoint_interval (KILN_TRAINING_DEFAULTS, which replaces the table, replaces it too).
+        interval = training_toml["checkpoint_interval"]
+        if not isinstance(table, dict):
+            raise ConfigError("[training.defaults] must be a table")
+        if "checkpoint_interval" in table and table["checkpoint_interval"] != interval:
+            raise ConfigError(f"[training] checkpoint_interval ({interval!r}) and [training.defaults] "
+                              f"checkpoint_interval ({table['checkpoint_interval']!r}) disagree; set one of them")
+        table = {**table, "checkpoint_interval": interval}
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ConfigError(f"[training] checkpoint_interval must be an integer of at least 1, "
+                              f"not {interval!r} ({_kind(interval)})")
     try:
         return check_training_defaults(table)
     except GrpoConfigError as exc:
@@ -336,29 +496,20 @@ def _openenv_credentials(env: dict, openenv_toml: dict) -> dict:
 
 def _openenv_runs(env: dict, table: dict) -> dict:
     """[openenv] enabled and the run admission bounds (KILN_OPENENV_<KEY> wins over kiln.toml)."""
-    out: dict = {"openenv_enabled": (_parse_bool("KILN_OPENENV_ENABLED", env["KILN_OPENENV_ENABLED"])
-                                     if "KILN_OPENENV_ENABLED" in env else bool(table.get("enabled", True)))}
+    out: dict = {"openenv_enabled": _bool_setting(env, "KILN_OPENENV_ENABLED", table, "[openenv]", "enabled", True)}
     for key, default in (("max_active_runs", 4), ("max_tracked_runs", 128), ("tracked_run_ttl_secs", 604800)):
-        name = f"KILN_OPENENV_{key.upper()}"
-        out[f"openenv_{key}"] = _parse_int(f"[openenv] {key}", env.get(name) or table.get(key) or default, 1)
+        out[f"openenv_{key}"] = _int_setting(env, f"KILN_OPENENV_{key.upper()}", table, "[openenv]", key, default, 1)
     return out
 
 
 def _optional_bool(env: dict, name: str, table: dict, key: str, default: bool | None) -> bool | None:
-    """An environment variable (true/false) wins over the kiln.toml key; neither: the default."""
-    if name in env:
-        return _parse_bool(name, env[name])
-    if key not in table:
-        return default
-    value = table[key]
-    if not isinstance(value, bool):
-        raise ConfigError(f"[promotion] {key} must be true or false, not {value!r}")
-    return value
+    """An environment variable (true/false) wins over the [promotion] key; neither: the default."""
+    return _bool_setting(env, name, table, "[promotion]", key, default)
 
 
 def _allowed_hosts(env: dict, server_toml: dict) -> tuple[str, ...]:
     configured = server_toml.get("allowed_hosts", [])
-    if isinstance(configured, str) or not all(isinstance(item, str) for item in configured):
+    if not isinstance(configured, list) or not all(isinstance(item, str) for item in configured):
         raise ConfigError("[server] allowed_hosts must be a list of host names")
     extra = [h.strip() for h in env.get("KILN_ALLOWED_HOSTS", "").split(",") if h.strip()]
     return tuple(dict.fromkeys([*configured, *extra]))
@@ -370,14 +521,17 @@ def _extra_dataset_roots(env: dict, training_toml: dict, config_file: Path | Non
     are relative to that file's folder."""
     launch = Path(env.get("KILN_LAUNCH_DIR") or os.getcwd())
     configured = training_toml.get("dataset_roots", [])
-    if isinstance(configured, str) or not all(isinstance(item, str) for item in configured):
+    if not isinstance(configured, list) or not all(isinstance(item, str) for item in configured):
         raise ConfigError("[training] dataset_roots must be a list of folder paths")
-    base = config_file.parent if config_file else launch
-    extra = [base / Path(item).expanduser() for item in configured]
-    extra += [Path(item).expanduser() for item in env.get("KILN_DATASET_ROOTS", "").split(":") if item.strip()]
-    roots: list[Path] = []
-    for root in (launch, *extra):
+    base = config_file.resolve().parent if config_file else launch
+    extra = [("[training] dataset_roots", base / Path(item).expanduser()) for item in configured]
+    extra += [("KILN_DATASET_ROOTS", Path(item.strip()).expanduser())
+              for item in env.get("KILN_DATASET_ROOTS", "").split(":") if item.strip()]
+    roots: list[Path] = [Path(os.path.realpath(launch))]
+    for where, root in extra:
         resolved = Path(os.path.realpath(root))
+        if not resolved.is_dir():
+            raise ConfigError(f"{where} names {root}, which is not an existing folder")
         if resolved not in roots:
             roots.append(resolved)
     return tuple(roots)

@@ -37,8 +37,11 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = False
-# Loopback by default, where a proxy in front decides exposure; production names its hosts.
-ALLOWED_HOSTS = list(KILN.allowed_hosts) if KILN.production else ["*"]
+# Loopback by default, where a proxy in front decides exposure; production names its hosts, and
+# loopback is always served (README: "none (loopback always)"): a production server with no
+# KILN_ALLOWED_HOSTS answers on loopback only, and a health check on 127.0.0.1 is not a 400.
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+ALLOWED_HOSTS = list(dict.fromkeys([*LOOPBACK_HOSTS, *KILN.allowed_hosts])) if KILN.production else ["*"]
 
 if KILN.production:
     # KILN_PRODUCTION=1 (or [server] production = true): Kiln behind an HTTPS proxy

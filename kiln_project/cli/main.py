@@ -20,6 +20,7 @@ from kiln_project.cli import (
     worker,
 )
 from kiln_project.cli.client import CliError, default_url
+from kiln_project.config import ConfigError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(exc.line(), file=sys.stderr)
         return exc.exit_code
+    except ConfigError as exc:
+        # kiln.toml or a KILN_* variable holds a value Kiln cannot use: the message names it.
+        print(config_error(exc).line(), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -89,6 +94,18 @@ def unexpected_error(exc: Exception) -> CliError:
     if isinstance(exc, UnicodeDecodeError):
         return CliError("file_not_text", f"a file is not UTF-8 text ({exc.reason} at byte {exc.start})",
                         "give an uncompressed UTF-8 JSON or JSONL file")
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db.utils import OperationalError
+
+    if isinstance(exc, ImproperlyConfigured):
+        # e.g. DATABASE_URL=bogus://x (django-environ), or production settings without KILN_SECRET_KEY
+        return CliError("invalid_config", _one_line(str(exc)),
+                        "fix the variable it names (DATABASE_URL, KILN_*) or kiln.toml; README.md, Configuration")
+    if isinstance(exc, OperationalError):
+        # the database in DATABASE_URL does not exist, refuses the credentials, or is not reachable
+        return CliError("database_unavailable", f"cannot use the database: {_one_line(str(exc))}",
+                        "check DATABASE_URL (the server, the database name, the user and password) and that "
+                        "the database exists and accepts connections")
     if isinstance(exc, httpx.InvalidURL):
         return CliError("invalid_url", f"the server URL is not valid: {exc}", "e.g. --url http://127.0.0.1:8420")
     if isinstance(exc, OSError):
@@ -96,6 +113,14 @@ def unexpected_error(exc: Exception) -> CliError:
         return CliError("os_error", f"{exc.strerror or exc}{where}", "check the path and its permissions")
     return CliError("unexpected_error", f"{type(exc).__name__}: {exc}",
                     "set KILN_DEBUG=1 to see the traceback, and report it")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def config_error(exc: ConfigError) -> CliError:
+    return CliError(exc.code, _one_line(exc.message), exc.hint)
 
 
 if __name__ == "__main__":

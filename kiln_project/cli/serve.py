@@ -10,6 +10,7 @@ times in a row within 15 s of starting stops the whole server.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -47,16 +48,56 @@ def redis_server_binary() -> str:
 def check_port_free(host: str, port: int) -> None:
     """Refuse a port something already listens on (another Kiln on another KILN_HOME, say) before
     anything starts: daphne would only fail after the banner said it was serving, and requests to that
-    address would meanwhile reach the other server's data."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    address would meanwhile reach the other server's data. A bind address that does not resolve or is
+    not one of this machine's is `invalid_host`, not `port_in_use`."""
+    where = "--host, or [server] host in kiln.toml / KILN_HOST"
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise CliError("invalid_host", f"cannot listen on {host}:{port}: {host!r} is not an address or a "
+                       f"host name that resolves ({getattr(exc, 'strerror', None) or exc})",
+                       f"give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0 ({where})") from None
+    except OverflowError:
+        raise CliError("invalid_config", f"port {port} is not from 1 to 65535",
+                       "kiln serve --port N, or [server] port in kiln.toml / KILN_PORT") from None
+    # as before: an IPv4 address for a name (daphne binds a name over IPv4), IPv6 for an IPv6 literal
+    preferred = [entry for entry in addresses if entry[0] == (socket.AF_INET6 if ":" in host else socket.AF_INET)]
+    family, _, _, _, address = (preferred or addresses)[0]
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as daphne binds: TIME_WAIT is no conflict
         try:
-            probe.bind((host, port))
+            probe.bind(address)
         except OSError as exc:
-            raise CliError("port_in_use", f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                           "stop what listens there, or pick another port: kiln serve --port N "
-                           "(or [server] port in kiln.toml / KILN_PORT)") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise CliError("invalid_host", f"cannot listen on {host}:{port}: {exc.strerror or exc} (not an "
+                               "address of this machine)",
+                               f"give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0 ({where})") from None
+            if exc.errno == errno.EADDRINUSE:
+                raise CliError("port_in_use", f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                               "stop what listens there, or pick another port: kiln serve --port N "
+                               "(or [server] port in kiln.toml / KILN_PORT)") from None
+            raise CliError("cannot_listen", f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                           "pick another port (kiln serve --port N; ports below 1024 need privileges) or "
+                           f"another address ({where})") from None
+
+
+def check_redis_reachable(url: str, timeout: float = 2.0) -> None:
+    """`kiln serve` with KILN_REDIS_URL: refuse at start when that Redis does not answer a PING, instead
+    of saying it serves while every worker logs connection errors."""
+    import redis
+
+    from kiln_project.config import _redact_url
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        raise CliError("redis_unavailable", f"the Redis at KILN_REDIS_URL ({_redact_url(url)}) does not answer: "
+                       f"{' '.join(str(exc).split())}",
+                       "start that Redis or fix KILN_REDIS_URL; unset it to let kiln serve run a private one") from None
 
 
 # How often `kiln serve` checks for queued jobs whose wake-up was lost (core.jobs.dispatch).
@@ -174,7 +215,10 @@ def run(args) -> int:
     os.environ.setdefault("KILN_LAUNCH_DIR", os.getcwd())
     if args.host:
         os.environ["KILN_HOST"] = args.host
-    if args.port:
+    if args.port is not None:
+        if not 1 <= args.port <= 65535:
+            raise CliError("invalid_config", f"--port must be from 1 to 65535, not {args.port}",
+                           "e.g. kiln serve --port 8420")
         os.environ["KILN_PORT"] = str(args.port)
     django.setup()
     config = settings.KILN
@@ -190,7 +234,9 @@ def run(args) -> int:
                        "stop it first, or give this one another KILN_HOME")
 
     check_port_free(config.host, config.port)
-    call_command("migrate", interactive=False, verbosity=0)
+    if config.redis_url:
+        check_redis_reachable(config.redis_url)
+    call_command("migrate", interactive=False, verbosity=0)  # an unusable database: database_unavailable (cli.main)
     # No writer runs yet: what a worker killed mid-write left in the adapter registry goes now.
     from core.artifacts import remove_abandoned_staging
 

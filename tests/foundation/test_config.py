@@ -42,10 +42,10 @@ def test_tiny_model_in_home_is_the_embedded_default(tmp_path, monkeypatch):
     "env, message",
     [
         ({"KILN_SERVER_SERVING_PROFILE": "turbo"}, "serving profile must be one of"),
-        ({"KILN_PORT": "eighty"}, "port must be an integer"),
+        ({"KILN_PORT": "eighty"}, "KILN_PORT must be an integer from 1 to 65535, not 'eighty'"),
         ({"KILN_ALLOW_ANONYMOUS_API": "maybe"}, "must be true or false"),
         ({"KILN_MAX_QUEUED_JOBS": "0"}, "at least 1"),
-        ({"KILN_SAMPLER_MAX_BATCH_SIZE": "0"}, r"\[sampler\] max_batch_size must be at least 1"),
+        ({"KILN_SAMPLER_MAX_BATCH_SIZE": "0"}, "KILN_SAMPLER_MAX_BATCH_SIZE must be an integer of at least 1, not 0"),
         ({"KILN_CONFIG": "/nonexistent/kiln.toml"}, "not a file"),
     ],
 )
