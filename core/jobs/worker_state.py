@@ -84,8 +84,9 @@ def start_worker(queues: list[str]) -> None:
     """Register this process, recover its queues, wake them, and keep the heartbeat going."""
     from core.jobs.dispatch import wake_queue
 
-    global _worker_queues
+    global _worker_queues, _boot_parent
     _worker_queues = sorted(set(queues))
+    _boot_parent = os.getppid()
     beat()
     recoverable = [q for q in _worker_queues if q in ("gpu", "control")]
     queued = recover_queues(recoverable)
@@ -99,13 +100,22 @@ def start_worker(queues: list[str]) -> None:
     threading.Thread(target=_heartbeat_loop, name="kiln-heartbeat", daemon=True).start()
 
 
+_boot_parent: int | None = None  # this worker's parent when it started (start_worker)
+
+
+def orphaned() -> bool:
+    """Whether this worker's parent (dramatiq's supervisor under kiln serve) has gone since it started:
+    an orphan stops (the heartbeat below) and meanwhile starts no new work (e.g. admits no OpenEnv run)."""
+    return _boot_parent is not None and os.getppid() != _boot_parent
+
+
 def _heartbeat_loop() -> None:
-    beats, parent, orphaned_at = 0, os.getppid(), None
+    beats, orphaned_at = 0, None
     while not _stop.wait(HEARTBEAT_SECONDS):
         beats += 1
         # The kernel's parent-death signal stops a worker whose supervisor died; this catches a
         # signal that came too early or a shutdown that hangs, so no orphan keeps the GPU.
-        if os.getppid() != parent:
+        if orphaned():
             if orphaned_at is None:
                 orphaned_at = time.monotonic()
                 log.warning("the worker's supervisor is gone; stopping")

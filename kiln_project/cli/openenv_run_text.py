@@ -78,3 +78,17 @@ def post_eval_text(evaluation: dict) -> str:
     if evaluation.get("error"):
         text += f" · {evaluation['error'].get('code')}: {evaluation['error'].get('message')}"
     return text
+
+
+def failure_lines(failure: dict) -> list[str]:
+    """A typed failure (kiln.openenv-run-failure.v1): code, stage, retryability and message, then the
+    peer's evidence (protocol code, HTTP status) when present, then the hint."""
+    lines = [f"failure   {failure['code']} at {failure['stage']} (retryable {str(failure['retryable']).lower()}): "
+             f"{failure['message']}"]
+    evidence = [f"protocol code {failure['protocol_code']}" if failure.get("protocol_code") else "",
+                f"HTTP {failure['http_status']}" if failure.get("http_status") is not None else ""]
+    if any(evidence):
+        lines.append(f"evidence  {', '.join(part for part in evidence if part)}")
+    if failure.get("hint"):
+        lines.append(f"hint      {failure['hint']}")
+    return lines

@@ -2,7 +2,8 @@
 
 Thin clients of /v1/openenv/runs (the server collects; these commands only talk to it):
 - `start --request FILE [--follow]`: POST the JSON body (at most 1 MiB) as it is; an exact retry
-  with the same idempotency_key answers the original run;
+  with the same idempotency_key answers the original run (a note on stderr says so: a new attempt
+  needs a new key);
 - `runs`: the tracked runs, newest first; `status RUN [--follow]`: one run;
 - `--follow` polls until the run is terminal and prints its stage, groups and rollouts done, and
   the mean and range of return once published; it exits non-zero when the run failed or was
@@ -34,7 +35,13 @@ import time
 from pathlib import Path
 
 from kiln_project.cli.client import CliError, KilnClient, raise_for_stream_error
-from kiln_project.cli.openenv_run_text import post_eval_text, progress_line, stats_lines, trainer_text
+from kiln_project.cli.openenv_run_text import (
+    failure_lines,
+    post_eval_text,
+    progress_line,
+    stats_lines,
+    trainer_text,
+)
 from kiln_project.cli.output import check_output_path, print_json, print_table
 
 COMMANDS = ("start", "runs", "status", "artifact", "cancel", "train")
@@ -225,7 +232,9 @@ def _download_collection(client: KilnClient, final: dict, outputs: dict[str, Pat
 def _train(client: KilnClient, args) -> int:
     outputs = None if args.no_follow else _collection_outputs(args)
     table = client.get("/v1/config")["config"].get("openenv_credentials") or {} if args.credential_env else None
-    status = client.post("/v1/openenv/runs", json=train_request(args, table))
+    status, created = post_run(client, train_request(args, table))
+    if not created:
+        print(f"kiln: note: {retained_note(status)}", file=sys.stderr, flush=True)
     if args.no_follow:
         return _show(status, args)
     if not args.json:
@@ -298,11 +307,47 @@ def _path(run_id: str) -> str:
     return f"/v1/openenv/runs/{run_id}"
 
 
+def post_run(client: KilnClient, body: dict) -> tuple[dict, bool]:
+    """POST /v1/openenv/runs; (the status, whether it created a run: 202 new, 200 the run that the
+    request's idempotency_key already names)."""
+    answered: list[int] = []
+    http = getattr(client, "_http", None)
+
+    def seen(response) -> None:
+        if response.request.method == "POST":
+            answered.append(response.status_code)
+
+    hooks = None
+    if http is not None:
+        hooks = dict(http.event_hooks)
+        http.event_hooks = {**hooks, "response": [*hooks.get("response", []), seen]}
+    try:
+        status = client.post("/v1/openenv/runs", json=body)
+    finally:
+        if http is not None:
+            http.event_hooks = hooks
+    created = answered[-1] == 202 if answered else status.get("state") not in TERMINAL
+    return status, created
+
+
+def retained_note(status: dict) -> str:
+    """What to say when the POST answered the run its idempotency key already names."""
+    run_id, state, key = status["run_id"], status["state"], status.get("idempotency_key")
+    failure = status.get("failure") or {}
+    how = f"{state}: {failure['code']} at {failure['stage']}" if failure else state
+    tail = ("a new attempt needs a new idempotency_key" if state in TERMINAL
+            else "it is still running; follow it with kiln openenv status RUN --follow")
+    return (f"idempotency key {key!r} already names run {run_id} ({how}); this is that original run, not a "
+            f"new one: {tail}")
+
+
 def _start(client: KilnClient, args) -> int:
     from kiln_project.cli.openenv_cmd import json_object_file
 
     body = json_object_file(args.request, "openenv_invalid_request", MAX_REQUEST_BYTES)
-    status = client.post("/v1/openenv/runs", json=body)
+    status, created = post_run(client, body)
+    if not created:  # stderr: --json keeps stdout one JSON document
+        print(f"kiln: note: {retained_note(status)}", file=sys.stderr, flush=True)
     if args.follow:
         if not args.json:
             print(f"run {status['run_id']} {status['state']} (sequence {status['admission']['sequence']})")
@@ -363,9 +408,8 @@ def _show(status: dict, args) -> int:
     for artifact in status.get("artifacts") or []:
         print(f"artifact  {artifact['kind']:<8} {artifact['bytes']:>10} B  {artifact['sha256']}")
     if status.get("failure"):
-        failure = status["failure"]
-        print(f"failure   {failure['code']} at {failure['stage']} (retryable {str(failure['retryable']).lower()}): "
-              f"{failure['message']}")
+        for line in failure_lines(status["failure"]):
+            print(line)
     elif status.get("error"):
         print(f"reason    {status['error']}")
     return 0

@@ -29,7 +29,8 @@ class OpenEnvError(Exception):
     code = "openenv_error"
     failure_code: str | None = FAILURE_PROTOCOL
     retryable = False
-    default_hint = ""
+    default_hint = ("the environment does not behave as an OpenEnv server (openenv-http/1.x); inspect it with "
+                    "kiln openenv inspect URL and fix the server")
 
     def __init__(self, message: str, *, hint: str | None = None, http_status: int | None = None,
                  protocol_code: str | None = None, endpoint: str | None = None):
@@ -157,8 +158,31 @@ class OpenEnvTimeout(OpenEnvSessionPoisoned):
     retryable = True
 
 
+# Close codes (RFC 6455 §7.4) that say the peer went away or cannot serve now, as does a socket that
+# dropped without a close frame (None, 1006): the transport could not keep a usable peer, so the failure
+# is `environment_unavailable` (retryable). Any other close code is the peer ending the session while a
+# request was pending (1000, 1002 protocol error, 1003, 1007, 1008 policy violation, ...): a protocol error.
+UNAVAILABLE_CLOSE_CODES = frozenset({None, 1001, 1006, 1011, 1012, 1013, 1014})
+
+
 class OpenEnvSocketClosed(OpenEnvSessionPoisoned):
+    """The socket ended while a reply was pending. `close_code` is the peer's close code (None: the
+    connection dropped or reset without a close frame)."""
+
     code = "openenv_socket_closed"
+    unavailable_hint = ("the environment server went away mid-episode (it crashed, restarted or the network "
+                        "dropped); check that it is running and reachable, and its logs")
+    protocol_hint = ("the environment closed the session while a reply was pending; see its logs for why it "
+                     "refused the episode")
+
+    def __init__(self, message: str, *, close_code: int | None = None, **kwargs):
+        self.close_code = close_code
+        if close_code in UNAVAILABLE_CLOSE_CODES:
+            self.failure_code, self.retryable = FAILURE_UNAVAILABLE, True
+            kwargs.setdefault("hint", self.unavailable_hint)
+        else:
+            kwargs.setdefault("hint", self.protocol_hint)
+        super().__init__(message, **kwargs)
 
 
 class OpenEnvBinaryFrame(OpenEnvSessionPoisoned):
@@ -207,12 +231,30 @@ class OpenEnvOutgoingTooLarge(OpenEnvError):
     code = "openenv_outgoing_frame_too_large"
 
 
+# What to do about each wire error code when it ends a session or an exchange.
+PROTOCOL_HINTS = {
+    "FACTORY_ERROR": "the environment could not create a session (its factory failed); see the environment "
+                     "server's logs and fix its configuration",
+    "SESSION_ERROR": "the environment ended the session; see the environment server's logs",
+    "CAPACITY_REACHED": "the environment is at its session limit; reduce concurrency, raise "
+                        "capacity_wait_seconds, or raise its max sessions",
+    "EXECUTION_ERROR": "the environment failed to execute the request; see the environment server's logs "
+                       "(for a reset: check the reset options and seed it accepts)",
+    "VALIDATION_ERROR": "the environment rejected the request's fields; compare the action or reset options "
+                        "with its advertised schema (kiln openenv inspect URL)",
+    "INVALID_JSON": "the environment could not parse the request; report it, Kiln sends canonical JSON",
+    "UNKNOWN_TYPE": "the environment does not know this message type; check that it speaks openenv-http/1.x",
+}
+
+
 class OpenEnvProtocolError(OpenEnvError):
     """The server answered a request with an error frame (`protocol_code` is its wire code)."""
 
     code = "openenv_protocol_error"
 
     def __init__(self, frame, *, hint: str | None = None):
+        if hint is None:
+            hint = PROTOCOL_HINTS.get(frame.code, "the environment answered an error frame; see its server's logs")
         super().__init__(f"the environment answered {frame.code}: {frame.message}", hint=hint,
                          protocol_code=frame.code)
         self.frame = frame

@@ -58,7 +58,7 @@ from openenv.client.errors import (
     OpenEnvUpgradeFailed,
 )
 from openenv.client.frames import ErrorFrame, Observation, parse_server_frame, protocol_error
-from openenv.client.http import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, new_client
+from openenv.client.http import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, new_client, status_error
 from openenv.client.urls import Endpoint, as_endpoint
 
 MAX_SERVER_FRAME_BYTES = 512 * 1024
@@ -177,8 +177,13 @@ class Session:
             # dead network path). A timeout, not a protocol fault of the server.
             self._fail(OpenEnvTimeout(f"the environment stopped answering: {exc.sent.reason or 'keepalive ping timeout'}"))
         else:
-            code = exc.rcvd.code if exc is not None and exc.rcvd is not None else None
-            self._fail(OpenEnvSocketClosed(f"the server closed the socket (close code {code})"))
+            # the iterator ends without an exception on a normal close (1000/1001): the frame is on the socket
+            protocol = getattr(self._ws, "protocol", None)
+            received = exc.rcvd if exc is not None else getattr(protocol, "close_rcvd", None)
+            code = received.code if received is not None else None
+            how = "the connection dropped without a close frame" if code is None else \
+                f"the server closed the socket (close code {code})"
+            self._fail(OpenEnvSocketClosed(how, close_code=code))
 
     def _abort(self) -> None:
         """Drop the TCP connection now, without the closing handshake, and stop the reader.
@@ -330,9 +335,11 @@ class Session:
         await self.close()
 
 
-def _upgrade_error(exc: Exception, url: str) -> OpenEnvError:
+def _upgrade_error(exc: Exception, url: str, credential: Credential | None = None) -> OpenEnvError:
     if isinstance(exc, InvalidStatus):
         status = exc.response.status_code
+        if status in (401, 403):  # as on HTTP: the credential is what to fix (openenv.client.http.status_error)
+            return status_error(status, "the WebSocket upgrade", url, credential=credential)
         if 300 <= status < 400:
             return OpenEnvRedirectRefused(f"the WebSocket upgrade answered a redirect (HTTP {status})",
                                           http_status=status, endpoint=url)
@@ -363,7 +370,7 @@ async def open_session(url: Endpoint | str, *, credential: Credential | None = N
             ping_interval=ping_interval, ping_timeout=ping_interval, close_timeout=CLOSE_TIMEOUT_S,
         )
     except (OSError, TimeoutError, InvalidHandshake) as exc:
-        raise _upgrade_error(exc, endpoint.websocket_url) from None
+        raise _upgrade_error(exc, endpoint.websocket_url, credential) from None
     return Session(ws, endpoint, credential=credential, request_timeout=request_timeout)
 
 

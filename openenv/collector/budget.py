@@ -32,7 +32,7 @@ class RetainedBudget:
             raise CollectionError(
                 "openenv_budget_exceeded",
                 f"retained data would reach {self.used} bytes ({what}); the collection budget is {self.limit} bytes",
-                failure_code="artifact_budget_exceeded",
+                failure_code="collection_failed",
                 hint="collect fewer groups, steps or tokens; nothing was published")
 
     def charge_json(self, value: Any, what: str) -> None:

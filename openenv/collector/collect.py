@@ -217,7 +217,8 @@ def build_bundle(config: CollectionConfig, environments: list[dict], groups: lis
         if len(data) > formats.MAX_ARTIFACT_BYTES:
             raise CollectionError("openenv_budget_exceeded", f"{name} would hold {len(data)} bytes; each artifact is "
                                   f"limited to {formats.MAX_ARTIFACT_BYTES}", stage="artifact_publication",
-                                  failure_code="artifact_budget_exceeded")
+                                  failure_code="artifact_publication_failed",
+                                  hint="collect fewer groups, steps or tokens; nothing was published")
         budget.charge(len(data), f"the published {name}")
     return Bundle(dataset, replay, summary_bytes, summary, paths)
 

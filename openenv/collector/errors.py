@@ -4,16 +4,114 @@ Pure module: no Django, no torch. `CollectionError` extends the client's `OpenEn
 `stage` a run records (`admission`, `discovery`, `collection`, `identity_verification`,
 `artifact_publication`); `code` is our stable code, `failure_code` the
 `kiln.openenv-run-failure.v1` code. `as_failure()` gives that record.
+
+`failure_record(...)` is the one place a run failure is built (`as_failure()`, and
+openenv.runs.services.failure, which every other path uses; `run_transition` passes every stored
+failure through `checked_failure`). The record's `code` is always one of the closed
+`FAILURE_CODES` (the replay reference's stable codes) and its `stage` one of `FAILURE_STAGES`: a
+code outside the vocabulary becomes the stage's own code (`STAGE_FALLBACK`, else `internal_error`)
+with the original code kept at the head of the message. Every record carries a non-empty hint
+(`DEFAULT_HINTS`), and a retryable one says that a new attempt needs a new idempotency key (an
+exact retry of the same key returns the original terminal run).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 from openenv.client.errors import OpenEnvError
 
+log = logging.getLogger(__name__)
+
 FAILURE_SCHEMA = "kiln.openenv-run-failure.v1"
 MAX_MESSAGE_BYTES = 4096
+
+# The closed vocabulary (docs/training/OPENENV_REPLAY_REFERENCE.md of the reference, "Persisted failure
+# semantics"), with what each one means.
+FAILURE_CODES = frozenset({
+    "run_admission_failed",  # Kiln could not acquire or persist workflow admission
+    "run_interrupted",  # a restart interrupted a non-resumable environment, trainer, or evaluator owner
+    "persisted_contract_invalid",  # a retained request or sealed training contract cannot execute safely
+    "environment_unavailable",  # discovery or the stateful transport could not reach a usable peer
+    "environment_capacity_exhausted",  # fresh-session acquisition exhausted the bounded capacity wait
+    "environment_protocol_error",  # the peer violated or terminally rejected the advertised protocol
+    "environment_identity_changed",  # final discovery revalidation found a deployment change
+    "collection_failed",  # episode collection or policy execution failed before a complete corpus existed
+    "artifact_publication_failed",  # a complete collection could not publish its artifact bundle
+    "training_submission_failed",  # native GRPO rejected or lost the training handoff
+    "training_failed",  # the authoritative native trainer failed
+    "training_evidence_invalid",  # trainer receipt, manifest, corpus digest or lineage failed validation
+    "post_evaluation_failed",  # a requested static evaluation failed or never published
+    "environment_evaluation_failed",  # paired held-out collection, evidence, or promotion failed
+    "internal_error",  # no narrower safe category applies
+})
+FAILURE_STAGES = ("restoration", "admission", "discovery", "collection", "identity_verification",
+                  "artifact_publication", "training_submission", "training", "post_evaluation",
+                  "environment_evaluation", "orchestration")
+# A code outside the vocabulary, at these stages, becomes the stage's own code (else internal_error).
+STAGE_FALLBACK = {"admission": "run_admission_failed", "collection": "collection_failed",
+                  "artifact_publication": "artifact_publication_failed",
+                  "training_submission": "training_submission_failed", "training": "training_failed",
+                  "post_evaluation": "post_evaluation_failed",
+                  "environment_evaluation": "environment_evaluation_failed"}
+NEW_ATTEMPT = "submit it as a new run with a new idempotency_key (the same key returns this failed run)"
+DEFAULT_HINTS = {
+    "run_admission_failed": "check the server's log and its [openenv] limits, then submit the run again",
+    "run_interrupted": "the server or a worker restarted mid-run; check that kiln serve is running",
+    "persisted_contract_invalid": "fix the request (URLs, credential_ids, adapter, training config) and submit "
+                                  "a new run",
+    "environment_unavailable": "check that the environment server is running and reachable from the control "
+                               "worker",
+    "environment_capacity_exhausted": "reduce concurrency, raise capacity_wait_seconds, or raise the "
+                                      "environment's session limit",
+    "environment_protocol_error": "the environment broke the OpenEnv protocol; inspect it with "
+                                  "kiln openenv inspect URL and fix the server",
+    "environment_identity_changed": "pin or stabilize the environment deployment, inspect it again",
+    "collection_failed": "check that the model service (kiln serve's GPU worker and Redis) is running",
+    "artifact_publication_failed": "check free disk space and permissions under KILN_HOME",
+    "training_submission_failed": "see the refusal above (queue, memory, serving profile) and correct it",
+    "training_failed": "see the training job (kiln train status JOB) for the trainer's error",
+    "training_evidence_invalid": "the trainer's evidence does not match the run; do not use the adapter, "
+                                 "inspect the run's artifacts",
+    "post_evaluation_failed": "see the post-evaluation job (kiln eval status JOB); the adapter was not promoted",
+    "environment_evaluation_failed": "see the message; the candidate adapter was not promoted",
+    "internal_error": "an unexpected error ended the run; the control worker's log has the traceback",
+}
+
+
+def failure_record(code: str, stage: str, message: str, *, retryable: bool = False, hint: str | None = None,
+                   protocol_code: str | None = None, http_status: int | None = None,
+                   occurred_unix_ms: int | None = None) -> dict:
+    """A `kiln.openenv-run-failure.v1` record, always in the closed vocabulary, with a hint."""
+    if stage not in FAILURE_STAGES:
+        log.error("run failure at unknown stage %r recorded at stage orchestration", stage)
+        message = f"[{stage}] {message}"
+        stage = "orchestration"
+    if code not in FAILURE_CODES:
+        fallback = STAGE_FALLBACK.get(stage, "internal_error")
+        log.error("run failure code %r is outside the closed vocabulary; recorded as %s", code, fallback)
+        message = f"{code}: {message}" if code and not message.startswith(f"{code}:") else message
+        code = fallback
+    hint = (hint or "").strip() or DEFAULT_HINTS[code]
+    if retryable and "idempotency_key" not in hint:
+        hint = f"{hint.rstrip('.; ')}; then {NEW_ATTEMPT}"
+    out = {"schema": FAILURE_SCHEMA, "code": code, "stage": stage, "retryable": bool(retryable),
+           "message": message.encode()[:MAX_MESSAGE_BYTES].decode(errors="ignore"), "hint": hint,
+           "occurred_unix_ms": int(time.time() * 1000) if occurred_unix_ms is None else occurred_unix_ms}
+    if protocol_code:
+        out["protocol_code"] = protocol_code
+    if http_status is not None:
+        out["http_status"] = http_status
+    return out
+
+
+def checked_failure(value: dict) -> dict:
+    """A stored failure record normalized by `failure_record` (an already valid one is unchanged)."""
+    return failure_record(value.get("code") or "", value.get("stage") or "orchestration", value.get("message") or "",
+                          retryable=bool(value.get("retryable")), hint=value.get("hint"),
+                          protocol_code=value.get("protocol_code"), http_status=value.get("http_status"),
+                          occurred_unix_ms=value.get("occurred_unix_ms"))
 
 
 class CollectionError(OpenEnvError):
@@ -43,14 +141,8 @@ class CollectionError(OpenEnvError):
                    http_status=exc.http_status)
 
     def as_failure(self) -> dict:
-        message = self.message.encode()[:MAX_MESSAGE_BYTES].decode(errors="ignore")
-        out = {"schema": FAILURE_SCHEMA, "code": self.failure_code, "stage": self.stage, "retryable": self.retryable,
-               "message": message, "hint": self.hint or "", "occurred_unix_ms": int(time.time() * 1000)}
-        if self.protocol_code:
-            out["protocol_code"] = self.protocol_code
-        if self.http_status is not None:
-            out["http_status"] = self.http_status
-        return out
+        return failure_record(self.failure_code or "", self.stage, self.message, retryable=self.retryable,
+                              hint=self.hint, protocol_code=self.protocol_code, http_status=self.http_status)
 
 
 def invalid_config(message: str, hint: str | None = None) -> CollectionError:

@@ -42,6 +42,32 @@ REQUEST_TIMEOUT_S = 900.0
 _GROUP = re.compile(r"^group (\d+) candidate (\d+)$")
 
 
+BROKER_HINT = ("Redis (the message broker) or the GPU worker went away while the run was sampling; check that "
+               "kiln serve (or KILN_REDIS_URL's Redis and a GPU worker) is running")
+
+
+def broker_lost(exc: BaseException) -> bool:
+    """Whether `exc` says the broker (Redis) or its connection went away."""
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+    except ImportError:  # pragma: no cover - redis is a dependency
+        return isinstance(exc, ConnectionError)
+    return isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError)
+
+
+def unexpected_failure(exc: BaseException, stage: str) -> dict:
+    """The failure of an exception nothing narrower classified: the broker gone is retryable (a new
+    attempt may succeed once it is back), anything else an `internal_error`."""
+    message = f"{type(exc).__name__}: {exc}"
+    if broker_lost(exc):
+        return services.failure("internal_error", stage, f"the message broker went away mid-run: {message}",
+                                retryable=True, hint=BROKER_HINT)
+    return services.failure("internal_error", stage, message,
+                            hint="an unexpected error ended the run; the control worker's log has the traceback "
+                                 "(report it if it recurs)")
+
+
 def _chat_post():
     """The policy's transport: Kiln's own chat route through the infer queue (no HTTP)."""
     from django.db import connections
@@ -54,8 +80,14 @@ def _chat_post():
         except KilnError as exc:
             # 503/504 (the worker shutting down or lost, a timeout) pass; a retry may succeed
             raise CollectionError("openenv_policy_failed", f"the model server answered {exc.code}: {exc.message}",
-                                  failure_code="model_inference_failed", retryable=exc.status in (503, 504),
+                                  failure_code="collection_failed", retryable=exc.status in (503, 504),
                                   hint=exc.hint or None) from None
+        except Exception as exc:
+            if not broker_lost(exc):
+                raise
+            raise CollectionError("openenv_policy_unreachable", f"the model service could not be reached "
+                                  f"mid-run: {type(exc).__name__}: {exc}", failure_code="collection_failed",
+                                  retryable=True, hint=BROKER_HINT) from None
         finally:
             connections.close_all()  # the readiness reads opened this thread's own connection
 
@@ -180,7 +212,7 @@ def _fail(run: OpenEnvRun, fail: dict):
 def run_stage_job(ctx, run: OpenEnvRun | None, state: str, stage: str, body) -> dict:
     """A run's job for one stage: `body(ctx, run)` when the run is (still) in `state`, else a skip (the run
     is gone, or already past that stage). The run ends with its job, unless it already ended: cancelled
-    when the job is, failed (orchestration_failed at `stage`) on any other error; either way the next
+    when the job is, failed (`unexpected_failure` at `stage`: internal_error) on any other error; either way the next
     queued runs are admitted. The collection job (below) and the environment evaluation's
     (openenv/training/evaluation.py) both run this way."""
     if run is None or run.state != state:
@@ -197,7 +229,7 @@ def run_stage_job(ctx, run: OpenEnvRun | None, state: str, stage: str, body) -> 
     except Exception as exc:
         run.refresh_from_db()
         if not run.is_terminal:
-            services.run_fail(run, services.failure("orchestration_failed", stage, f"{type(exc).__name__}: {exc}"))
+            services.run_fail(run, unexpected_failure(exc, stage))
         raise
     finally:
         services.runs_admit()
@@ -237,7 +269,8 @@ def _execute(ctx, run: OpenEnvRun) -> dict:
     try:
         policy = make_policy(run, ctx)
     except KilnError as exc:
-        _fail(run, services.failure("model_inference_failed", "discovery", exc.message,
+        _fail(run, services.failure("collection_failed", "discovery",
+                                    f"the model service is not ready: {exc.code}: {exc.message}",
                                     retryable=exc.status == 503, hint=exc.hint))
     if train:
         from openenv.training.behavior import ContractPolicy
@@ -269,7 +302,7 @@ def _execute(ctx, run: OpenEnvRun) -> dict:
         if isinstance(error, Exception) and hasattr(error, "failure_code"):
             wrapped = CollectionError.from_client(error, stage=STAGES.get(run.state, "collection"))
             _fail(run, wrapped.as_failure())
-        _fail(run, services.failure("orchestration_failed", "orchestration", f"{type(error).__name__}: {error}"))
+        _fail(run, unexpected_failure(error, STAGES.get(run.state, "orchestration")))
     _persist(run, execution.snapshot(), last)
     return _publish(run, execution.bundle, directory)
 
@@ -287,7 +320,8 @@ def _seal_behavior(run: OpenEnvRun, directory: Path) -> None:
     try:
         snapshot = snapshot_behavior_adapter(run, directory)
     except BehaviorDrift as exc:
-        _fail(run, services.failure(exc.code, "admission", exc.message, retryable=exc.retryable, hint=exc.hint))
+        _fail(run, services.failure(exc.code if exc.code == "training_evidence_invalid" else "run_admission_failed",
+                                    "admission", exc.message, retryable=exc.retryable, hint=exc.hint))
     if snapshot is not None:
         services.run_transition(run, from_states=[RunState.DISCOVERING], behavior_snapshot=snapshot)
 

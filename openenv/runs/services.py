@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from core.artifacts import write_file
 from core.errors import KilnError
+from openenv.collector.errors import FAILURE_CODES, checked_failure, failure_record
 from openenv.models import (
     ACTIVE_STATES,
     COLLECTION_STATES,
@@ -65,10 +66,10 @@ WRITE_ATTEMPTS = 8
 EVAL_ENDED = ("failed", "cancelled")
 
 
-def failure(code: str, stage: str, message: str, *, retryable: bool = False, hint: str = "") -> dict:
-    return {"schema": FAILURE_SCHEMA, "code": code, "stage": stage, "retryable": retryable,
-            "message": message.encode()[:4096].decode(errors="ignore"), "hint": hint,
-            "occurred_unix_ms": int(time.time() * 1000)}
+def failure(code: str, stage: str, message: str, *, retryable: bool = False, hint: str = "",
+            http_status: int | None = None) -> dict:
+    """A run failure (openenv.collector.errors.failure_record: closed codes, a hint always)."""
+    return failure_record(code, stage, message, retryable=retryable, hint=hint, http_status=http_status)
 
 
 def _serialize() -> None:
@@ -249,12 +250,16 @@ def run_create(*, body: dict, user=None) -> tuple[OpenEnvRun, bool]:
 
 def runs_admit() -> list[OpenEnvRun]:
     """Admit queued runs in sequence order while fewer than max_active_runs are active. Not while this
-    worker shuts down: a run admitted then would only fail `run_interrupted` at the next boot, where
-    a never-admitted one resumes."""
+    worker shuts down, nor in an orphan whose supervisor is gone (kill -9 of kiln serve): a run admitted
+    then would only fail `run_interrupted` at the next boot, where a never-admitted one resumes."""
     from core.jobs.runner import shutting_down
     from core.jobs.services import job_submit
+    from core.jobs.worker_state import orphaned
 
     if shutting_down():
+        return []
+    if orphaned():
+        log.warning("not admitting queued OpenEnv runs: this worker's supervisor is gone")
         return []
 
     def admit() -> list[OpenEnvRun]:
@@ -286,6 +291,8 @@ def runs_admit() -> list[OpenEnvRun]:
 def run_transition(run: OpenEnvRun, *, from_states, **fields) -> bool:
     """Move the run (conditional on its state), refresh it and rewrite its record."""
     fields["updated_at"] = timezone.now()
+    if fields.get("failure") is not None:  # every stored failure: the closed vocabulary, a hint
+        fields["failure"] = checked_failure(fields["failure"])
     if fields.get("state") in TERMINAL_STATES:
         fields.setdefault("finished_at", fields["updated_at"])
     block = run.environment_evaluation
@@ -390,8 +397,12 @@ def run_job_unsuccessful(job) -> None:
         elif job.error_code in ("job_interrupted", "job_time_limit"):
             _interrupted(run, f"its worker stopped ({job.error_code})")
         else:
-            run_fail(run, failure(job.error_code or "orchestration_failed", stage,
-                                  job.error_message or "the run's job failed"))
+            code = job.error_code if job.error_code in FAILURE_CODES else \
+                ("environment_evaluation_failed" if stage == "environment_evaluation" else "internal_error")
+            why = f"{job.error_code}: " if job.error_code and job.error_code != code else ""
+            run_fail(run, failure(code, stage, f"its {job.kind} job {job.uuid} failed: {why}"
+                                  f"{job.error_message or 'no message'}",
+                                  hint="see the job (kiln jobs, or /ui/ Jobs) and the control worker's log"))
     runs_admit()
 
 

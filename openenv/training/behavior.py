@@ -103,7 +103,7 @@ def check_before_training(run) -> None:
         served = served_behavior_identity()
     except KilnError as exc:
         raise BehaviorDrift(f"the served model cannot be checked against the contract: {exc.code}: {exc.message}",
-                            code="model_inference_failed", retryable=True,
+                            code="run_admission_failed", retryable=True,
                             hint="start the GPU worker (kiln serve), then submit the run again") from None
     changed = [key for key in SERVED_FIELDS if served.get(key) != expected.get(key)]
     if changed:

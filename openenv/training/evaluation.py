@@ -128,7 +128,8 @@ def environment_eval_start(run: OpenEnvRun, *, from_states, **fields) -> bool:
     except _StateChanged:
         return False
     except KilnError as exc:
-        failure = services.failure(exc.code, STAGE, f"the environment evaluation could not be queued: {exc.message}",
+        failure = services.failure("environment_evaluation_failed", STAGE,
+                                   f"the environment evaluation could not be queued: {exc.code}: {exc.message}",
                                    retryable=exc.status == 503, hint=exc.hint)
         return services.run_transition(run, from_states=from_states, state=RunState.FAILED, stage=STAGE,
                                        failure=failure, **fields)
@@ -206,8 +207,9 @@ def _evaluate(ctx, run: OpenEnvRun) -> dict:
     try:
         factory = make_policy_factory(run, ctx)
     except KilnError as exc:
-        _fail(run, services.failure("model_inference_failed", STAGE, exc.message, retryable=exc.status == 503,
-                                    hint=exc.hint))
+        _fail(run, services.failure("environment_evaluation_failed", STAGE,
+                                    f"the model service is not ready: {exc.code}: {exc.message}",
+                                    retryable=exc.status == 503, hint=exc.hint))
     expected = (run.training_data or {}).get("behavior_policy") or \
         (run.training_contract or {}).get("behavior_policy")
     try:
@@ -221,6 +223,8 @@ def _evaluate(ctx, run: OpenEnvRun) -> dict:
     except CollectionError as exc:  # EnvironmentEvalError included
         failure = exc.as_failure()
         failure["stage"] = STAGE
+        if failure["code"] == "collection_failed":  # the held-out collection: the evaluation's own code
+            failure["code"] = "environment_evaluation_failed"
         _fail(run, failure)
     return _conclude(ctx, run, result)
 
@@ -255,8 +259,8 @@ def _conclude(ctx, run: OpenEnvRun, result) -> dict:
         run.refresh_from_db()
         if run.is_terminal:
             raise
-        _fail(run, services.failure(exc.code, STAGE, f"the outcome could not be recorded: {exc.message}",
-                                    hint=exc.hint))
+        _fail(run, services.failure("environment_evaluation_failed", STAGE,
+                                    f"the outcome could not be recorded: {exc.code}: {exc.message}", hint=exc.hint))
     return {"run_id": str(run.id), "state": run.state, "decision": result.decision, "outcome": conclusion.outcome,
             "receipt_sha256": conclusion.receipt_sha256, "promotion_id": conclusion.promotion_id,
             "activation_job_id": conclusion.activation_job_id}

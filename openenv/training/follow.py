@@ -8,7 +8,8 @@ States: `training_queued` (the job is queued) → `training_running` → `post_e
 published the adapter and queued its post-eval) → `environment_evaluating` when the request carries
 `environment_eval` (its own control-queue job takes the run from there: openenv.training.evaluation)
 → `completed`; the training job failing fails the run
-at stage `training` with the job's code (an interrupted worker: `run_interrupted` at
+at stage `training` with `training_failed` (a post-eval: `post_evaluation_failed` at `post_evaluation`),
+the job's own code and message in the failure's message (an interrupted worker: `run_interrupted` at
 `restoration`, retryable), a cancelled job cancels the run. On publication the run's artifacts gain
 `train_receipt` (the adapter's receipt file, checked against the admitted corpus and the output
 name) and `adapter_manifest` (`kiln.adapter-manifest.v1`, adapters.manifest: name, content digest, files,
@@ -122,9 +123,12 @@ def _ended_unsuccessfully(run: OpenEnvRun, job, stage: str) -> None:
                                                 retryable=True, hint="submit the run again (with a new "
                                                                      "idempotency_key)"))
     else:
-        services.run_fail(run, services.failure(job.error_code or "training_failed", stage,
-                                                job.error_message or f"its {job.kind} job failed",
-                                                hint="see the training job (kiln train status)"))
+        # the closed vocabulary names the stage; the job's own code (e.g. nan_loss) stays in the message
+        code, what, status = (("post_evaluation_failed", "post-evaluation", "kiln eval status")
+                              if stage == "post_evaluation" else ("training_failed", "training", "kiln train status"))
+        cause = ": ".join(part for part in (job.error_code, job.error_message) if part) or "no error recorded"
+        services.run_fail(run, services.failure(code, stage, f"{what} job {job.uuid} failed: {cause}",
+                                                hint=f"see the {what} job ({status} {job.uuid}) for the cause"))
 
 
 def _step(run: OpenEnvRun) -> bool:

@@ -10,8 +10,8 @@
    contract's `loss.echo` says), exactly the contract's `effective_config` and `post_eval` (the
    receipt's `config_sources` name the fields the server's `[training.defaults]` filled at sealing), in one
    transaction with the run's move to `training_queued` (the GPU worker sees the job only once the
-   run names it). A refusal keeps its own code (e.g. `training_queue_full`) at stage
-   `training_submission`.
+   run names it). A refusal is `training_submission_failed` at stage `training_submission`, its own
+   code (e.g. `training_queue_full`) and HTTP status kept in the failure (message, `http_status`).
 The run then follows the job (openenv.training.follow).
 """
 
@@ -33,11 +33,9 @@ NOTHING_LEFT = ("no group carries a usable reward signal after training selectio
 
 def _fail(run: OpenEnvRun, code: str, message: str, *, retryable: bool = False, hint: str = "",
           http_status: int | None = None):
-    failure = services.failure(code, STAGE, message, retryable=retryable, hint=hint)
-    if http_status is not None:
-        failure["http_status"] = http_status
+    failure = services.failure(code, STAGE, message, retryable=retryable, hint=hint, http_status=http_status)
     services.run_fail(run, failure)
-    raise KilnError(code, message, hint=hint)
+    raise KilnError(failure["code"], failure["message"], hint=failure["hint"])
 
 
 def submit_training(run: OpenEnvRun, groups: list[dict]) -> dict:
@@ -48,7 +46,8 @@ def submit_training(run: OpenEnvRun, groups: list[dict]) -> dict:
     try:
         check_before_training(run)
     except BehaviorDrift as exc:
-        _fail(run, exc.code, exc.message, retryable=exc.retryable, hint=exc.hint)
+        _fail(run, exc.code if exc.code == "training_evidence_invalid" else "training_submission_failed",
+              exc.message, retryable=exc.retryable, hint=exc.hint)
     selection = select_for_training(groups)
     lineage = training_data(selection.groups, selection.indexes) if selection.groups else None
     services.run_transition(run, from_states=[RunState.SUBMITTING], training_selection=selection.summary,
@@ -84,8 +83,8 @@ def submit_training(run: OpenEnvRun, groups: list[dict]) -> dict:
         run.refresh_from_db()
         if run.is_terminal:
             raise
-        _fail(run, exc.code, f"the training submission was refused: {exc.message}", retryable=exc.status == 503,
-              hint=exc.hint, http_status=exc.status)
+        _fail(run, "training_submission_failed", f"the training submission was refused: {exc.code}: {exc.message}",
+              retryable=exc.status == 503, hint=exc.hint, http_status=exc.status)
     from openenv.training.follow import run_follow
 
     run_follow(run)

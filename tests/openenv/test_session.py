@@ -312,7 +312,7 @@ def test_health_is_checked_before_every_upgrade():
         assert [p for p, _ in server.request_headers] == ["/health"]
 
 
-@pytest.mark.parametrize("status, expected", [(403, errors.OpenEnvUpgradeFailed), (404, errors.OpenEnvUpgradeFailed),
+@pytest.mark.parametrize("status, expected", [(403, errors.OpenEnvUnauthorized), (404, errors.OpenEnvUpgradeFailed),
                                               (302, errors.OpenEnvRedirectRefused), (503, errors.OpenEnvUnavailable)])
 def test_an_upgrade_refused_by_the_server_is_typed(status, expected):
     with FakeServer(upgrade_status=status) as server:

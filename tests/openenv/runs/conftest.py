@@ -109,5 +109,9 @@ def cli_through(api, monkeypatch, after_post):
     monkeypatch.setattr(client_module, "httpx", types.SimpleNamespace(Client=make_client, URL=httpx.URL,
                                                                       InvalidURL=httpx.InvalidURL,
                                                                       TransportError=httpx.TransportError))
+    guarded = getattr(client_module, "_GuardedHttp", None)
+    if guarded is not None:  # KilnClient's own httpx.Client subclass (it checks every path): the same transport
+        monkeypatch.setattr(client_module, "_GuardedHttp",
+                            lambda *args, **kwargs: guarded(*args, transport=httpx.MockTransport(handle), **kwargs))
     monkeypatch.setenv("KILN_API_TOKEN", "unused-the-test-client-authenticates")
     return lambda *argv: main(["openenv", *argv, "--url", "http://kiln.test"])
