@@ -30,3 +30,6 @@ urlpatterns = [
     path("ui/", include("kiln_project.ui.urls")),
     path("admin/", admin.site.urls),
 ]
+
+# A body over KILN_MAX_REQUEST_BYTES on a dashboard form: Kiln's page with request_too_large, not Django's bare 400.
+handler400 = "kiln_project.ui.views.bad_request"

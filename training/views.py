@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
 from adapters.models import AdapterState
 from adapters.selectors import adapter_list
-from core.contracts.groups import GroupError, check_corpus_size, parse_jsonl
+from core.contracts.groups import MAX_CORPUS_BYTES, GroupError, check_corpus_size, parse_jsonl
 from core.errors import KilnError
 from evaluations.suite_selectors import suite_list
 from training import fragments as training_fragments
@@ -62,7 +63,16 @@ def form_number(raw: str, kind):
 
 def _groups_from_upload(upload) -> list:
     """One group per non-blank line of the uploaded JSONL, read by the corpus contract (the service
-    validates each group)."""
+    validates each group). The upload becomes the request's inline `groups`, so it is bounded like
+    any request body (KILN_MAX_REQUEST_BYTES, refused with request_too_large as the datasets form
+    refuses it); a larger corpus goes by `dataset_path` (streamed, up to MAX_CORPUS_BYTES) or as an
+    uploaded dataset."""
+    limit = settings.KILN.max_request_bytes
+    if upload.size is not None and upload.size > limit:
+        raise KilnError("request_too_large", f"jsonl_file: the file is {upload.size} bytes; an upload may hold at "
+                        f"most {limit}", status=413, field="jsonl_file",
+                        hint=f"raise KILN_MAX_REQUEST_BYTES, or give the file's \"Path on the server\" instead "
+                             f"(read in place, up to {MAX_CORPUS_BYTES} bytes)")
     try:
         check_corpus_size(upload.size, "jsonl_file")
         return parse_jsonl(upload.read(), "jsonl_file", require_groups=False)[0]
@@ -98,9 +108,14 @@ def _request_body(values: dict, files) -> dict:
             raise _form_error("config (advanced JSON): must be a JSON object such as {\"is_level\": \"sequence\"}",
                               "advanced_config")
     # The fields above the JSON win over the same keys inside it; blank fields keep the defaults.
-    for name in ("output_name", "behavior_policy", "base_adapter", "seed"):
+    for name in ("output_name", "behavior_policy", "base_adapter"):
         if values[name].strip():
             config[name] = values[name].strip()
+    seed = values["seed"].strip()
+    if seed:
+        # A u64 seed goes on as the decimal string the API takes (JSON numbers stop at 2**53); any other
+        # text is read as a number where it is one ("-5"), so the API's own bound answers it.
+        config["seed"] = seed if seed.isascii() and seed.isdigit() else form_number(seed, int)
     for name in INT_FIELDS:
         if values[name].strip():
             config[name] = form_number(values[name].strip(), int)

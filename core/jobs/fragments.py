@@ -25,9 +25,25 @@ EMPTY_TEXT = {
 }
 
 
-def jobs_for_table(*, category: str | None = None, limit: int = DEFAULT_LIMIT):
-    """The newest jobs (optionally of one UI category) with their submitters, for one table."""
-    return list(selectors.job_list(category=category, limit=limit).select_related("submitted_by"))
+def jobs_for_table(*, category: str | None = None, state: str | None = None, limit: int = DEFAULT_LIMIT):
+    """The newest jobs (optionally of one UI category, or in one state) with their submitters, for one table."""
+    return list(selectors.job_list(category=category, state=state, limit=limit).select_related("submitted_by"))
+
+
+def jobs_page(*, state: str | None = None, before=None, limit: int = DEFAULT_LIMIT):
+    """One page of the all-jobs table, newest first: the `limit` jobs just older than the job `before`
+    (a Job; None: the newest), and the job to pass as the next page's `before` (None: no older job)."""
+    # job_list without its slice (limit=None) is every job in the table's order; the page is cut here.
+    rows = selectors.job_list(state=state, limit=None)
+    if before is not None:
+        rows = rows.filter(id__lt=before.id)
+    jobs = list(rows.select_related("submitted_by")[:limit + 1])
+    return jobs[:limit], (jobs[limit - 1] if len(jobs) > limit else None)
+
+
+def job_in_table(job, *, category: str | None = None, state: str | None = None) -> bool:
+    """Whether a job belongs on a table filtered to a category and/or a state (None: any)."""
+    return job_in_category(job, category) and (not state or job.state == state)
 
 
 def job_in_category(job, category: str | None) -> bool:
@@ -66,27 +82,38 @@ def category_page(request, *, category: str, template: str):
     return render(request, template, table_context(jobs_for_table(category=category), category=category))
 
 
-def table_context(jobs, *, category: str | None = None, limit: int = DEFAULT_LIMIT) -> dict:
-    """What templates/ui/jobs/table.html needs: rows, empty text and its live socket's URL."""
+def table_context(jobs, *, category: str | None = None, state: str | None = None, limit: int = DEFAULT_LIMIT,
+                  live: bool = True) -> dict:
+    """What templates/ui/jobs/table.html needs: rows, empty text and its live socket's URL (None: a
+    page of older jobs, which stays as loaded)."""
     query = "&".join(part for part in (f"category={category}" if category else "",
+                                       f"state={state}" if state else "",
                                        f"limit={limit}" if limit != DEFAULT_LIMIT else "") if part)
+    empty_text = EMPTY_TEXT.get(category, EMPTY_TEXT[None])
+    if state:
+        empty_text = f"No {state} jobs."
     return {
         "jobs": jobs,
-        "empty_text": EMPTY_TEXT.get(category, EMPTY_TEXT[None]),
-        "ws_url": "/ws/ui/jobs/" + (f"?{query}" if query else ""),
+        "empty_text": empty_text,
+        "ws_url": ("/ws/ui/jobs/" + (f"?{query}" if query else "")) if live else None,
     }
 
 
-def render_jobs_body(jobs, *, category: str | None = None) -> str:
+def render_jobs_body(jobs, *, category: str | None = None, state: str | None = None) -> str:
     """The whole <tbody> as a live snapshot: it replaces the page's table body."""
     return render_to_string(f"{TABLE}#jobs_body",
-                            {**table_context(jobs, category=category), "body_oob": True, "live": True})
+                            {**table_context(jobs, category=category, state=state), "body_oob": True, "live": True})
 
 
 def render_job_row(job, *, new: bool) -> str:
     """One row: swapped in place by id, or (new) prepended to the table body."""
     partial = "job_row_new" if new else "job_row"
     return render_to_string(f"{TABLE}#{partial}", {"job": job, "row_oob": not new})
+
+
+def render_job_row_removal(job) -> str:
+    """Takes a job's row off a table it no longer belongs on (a state filter it has left)."""
+    return f'<tr id="job-row-{job.uuid}" hx-swap-oob="delete"></tr>'
 
 
 def render_job_update(job) -> str:

@@ -1,4 +1,5 @@
-"""`kiln user create` and `kiln token create|revoke`: local commands that write the database directly."""
+"""`kiln user create` and `kiln token create|revoke`: local commands that write the database directly
+(migrating it first, so they work on a fresh KILN_HOME)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,13 @@ def add_parser(subparsers) -> None:
 
 
 def _setup() -> None:
+    """Django, and the database brought up to date as `kiln serve` does: on a fresh KILN_HOME,
+    `kiln user create` is the first command the README runs, before any server has migrated."""
     import django
+    from django.core.management import call_command
 
     django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
 
 
 def run_user(args) -> int:

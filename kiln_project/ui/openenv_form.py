@@ -97,14 +97,14 @@ def _numbers(values: dict, fields, prefix: str = "") -> dict:
 
 
 def _environment_eval(values: dict) -> dict | None:
-    evaluation = _numbers(values, EVAL_FIELDS, "ee_")
-    gate = _numbers(values, GATE_FIELDS, "gate_")
-    filled_gate = values["gate"] or any(values[f"gate_{name}"].strip() for name, _ in GATE_FIELDS)
-    if not (values["environment_eval"] or filled_gate
-            or any(values[f"ee_{name}"].strip() != DEFAULTS.get(f"ee_{name}", "") for name, _ in EVAL_FIELDS)):
+    """The `environment_eval` block, only when its checkbox is on (or the gate's, which needs the
+    evaluation): numbers typed into the section while both are off are not sent, so a rollout's form
+    never carries a block that only kind train takes. The gate sub-block goes with the gate checkbox."""
+    if not (values["environment_eval"] or values["gate"]):
         return None
-    if filled_gate:
-        evaluation["gate"] = gate
+    evaluation = _numbers(values, EVAL_FIELDS, "ee_")
+    if values["gate"]:
+        evaluation["gate"] = _numbers(values, GATE_FIELDS, "gate_")
     return evaluation
 
 

@@ -9,10 +9,13 @@ htmx layer on top (see consumers.py). Web-facing: never imports torch or gpu_run
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.views import defaults
 from django.views.decorators.http import require_POST
 
 from core.errors import KilnError
@@ -38,7 +41,24 @@ def overview(request):
 
 @login_required
 def jobs(request):
-    context = fragments.table_context(fragments.jobs_for_table())
+    """Every job, newest first, a page at a time: `?state=<state>` keeps one state, `?before=<job id>`
+    gives the page of jobs older than that job. Only the first page follows new jobs live."""
+    state = request.GET.get("state", "").strip()
+    context: dict = {"states": JobState.values, "state": state, "page_size": fragments.DEFAULT_LIMIT}
+    if state and state not in JobState.values:
+        context["state_error"] = KilnError(
+            "invalid_state", f"there is no job state {state!r}",
+            hint=f"choose one of {', '.join(JobState.values)}, or show all jobs", status=400)
+        return render(request, "ui/jobs/list.html", {**context, "state": ""}, status=400)
+    before = None
+    if request.GET.get("before"):
+        before = selectors.job_get(job_id=request.GET["before"])
+        if before is None:
+            raise Http404("no such page")
+    jobs_shown, oldest = fragments.jobs_page(state=state or None, before=before)
+    context.update(fragments.table_context(jobs_shown, state=state or None, live=before is None),
+                   older_before=oldest.uuid if oldest is not None else None, is_first_page=before is None,
+                   state_query=f"state={state}&" if state else "")
     return render(request, "ui/jobs/list.html", context)
 
 
@@ -91,3 +111,23 @@ def job_cancel(request, job_id):
         else:
             messages.info(request, "Cancellation requested: the job stops at its next safe point.")
     return redirect("ui:job_detail", job_id=job.uuid)
+
+
+def bad_request(request, exception=None):
+    """handler400 (kiln_project/urls.py). A body over the request limit is Kiln's own page with the stable
+    code request_too_large (413) and what to do about it, not Django's bare "Bad Request (400)"; any
+    other 400 is Django's page. The /v1/ routes answer their own envelope before this is reached."""
+    if not isinstance(exception, RequestDataTooBig):
+        return defaults.bad_request(request, exception)
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    length = request.META.get("CONTENT_LENGTH") or ""
+    message = (f"the request body has {length} bytes; the limit is {limit} bytes (KILN_MAX_REQUEST_BYTES)"
+               if length.isdigit() else
+               f"the request body is larger than the limit of {limit} bytes (KILN_MAX_REQUEST_BYTES)")
+    error = KilnError(
+        "request_too_large", message,
+        hint="nothing was saved: send less at once (a large corpus or suite goes as a file or by its path on the "
+             "server), or raise KILN_MAX_REQUEST_BYTES in the server's environment",
+        status=413)
+    back = request.path if request.path.startswith("/ui/") else ""
+    return render(request, "ui/request_error.html", {"error": error, "back": back}, status=413)

@@ -178,7 +178,7 @@ def test_a_double_submit_with_the_same_key_makes_one_run_and_a_changed_reuse_is_
      "openenv_invalid_request", "ee_seed_start", "overlap"),
     ({"kind": "train", "output_adapter": "counter-agent", "gate": "on", "ee_groups": "5"}, 400,
      "openenv_invalid_request", "ee_groups", "at least 20"),
-    ({"kind": "train", "output_adapter": "counter-agent", "gate_min_mean_improvement": "-1"}, 400,
+    ({"kind": "train", "output_adapter": "counter-agent", "gate": "on", "gate_min_mean_improvement": "-1"}, 400,
      "openenv_invalid_request", "gate_min_mean_improvement", "at least 0"),
     ({"kind": "train", "output_adapter": "counter-agent", "training_config_json": "[1]"}, 400,
      "openenv_invalid_request", "training_config_json", "JSON object"),

@@ -64,7 +64,7 @@ def test_overview_shows_counts_health_and_recent_jobs(operator_client, operator)
     cancelled = services.job_submit(kind="test.control_steps", payload={}, user=operator)
     services.job_cancel(job=cancelled, user=operator)
     html = operator_client.get("/ui/").content.decode()
-    assert '<a class="count state-queued" href="/ui/jobs/" id="count-queued">\n      <span class="n">2</span>' in html
+    assert '<a class="count state-queued" href="/ui/jobs/?state=queued" id="count-queued">\n      <span class="n">2</span>' in html
     assert 'id="count-cancelled">\n      <span class="n">1</span>' in html
     assert f'id="job-row-{queued.uuid}"' in html
     # The health summary is the real report: no worker runs in this test, the broker is absent.

@@ -318,7 +318,9 @@ def test_a_half_written_receipt_does_not_break_the_pages(operator_client, operat
     html = operator_client.get(f"/ui/jobs/{job.uuid}/").content.decode()
     assert "the training receipt could not be read yet" in html and 'id="training-section"' in html
     adapter = operator_client.get("/ui/adapters/math-r001/")
-    assert adapter.status_code == 200 and "the receipt could not be read" in adapter.content.decode()
+    # the adapter page shows what GET /v1/adapters/{name}/receipt answers: a receipt that is not JSON fails its check
+    assert adapter.status_code == 200 and "receipt_integrity_failed" in adapter.content.decode()
+    assert "is not JSON any more" in adapter.content.decode()
     api = operator_client.get(f"/v1/train/jobs/{job.uuid}")  # the API reads it as not there yet, not a 500
     assert api.status_code == 200 and api.json()["train_receipt"] is None and api.json()["job_id"] == str(job.uuid)
     assert api.json()["metadata_error"].startswith("train_receipt.json could not be read (JSONDecodeError")

@@ -1,0 +1,48 @@
+"""`kiln user create` and `kiln token create` are the README's first steps: on a fresh KILN_HOME (no
+database yet, no `kiln serve` before) they migrate it first, as `kiln serve` does."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+
+def _kiln(home, *args, password="long-enough-pw"):
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "KILN_DATABASE_URL", "KILN_DEBUG")}
+    env.update(KILN_HOME=str(home), KILN_PASSWORD=password)
+    return subprocess.run([sys.executable, "-m", "kiln_project.cli.main", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.timeout(600)
+def test_user_and_token_commands_work_on_a_fresh_home(tmp_path):
+    home = tmp_path / "fresh"
+    created = _kiln(home, "user", "create", "alice")
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.strip() == "created user alice"
+    assert "no such table" not in created.stderr
+
+    token = _kiln(home, "token", "create", "alice")
+    assert token.returncode == 0, token.stderr
+    secret = token.stdout.strip()
+    assert secret.startswith("kiln_") and len(secret.splitlines()) == 1
+
+    databases = list(home.rglob("*.sqlite3"))
+    assert len(databases) == 1
+    with sqlite3.connect(databases[0]) as db:
+        assert db.execute("select username from auth_user").fetchall() == [("alice",)]
+
+    again = _kiln(home, "user", "create", "alice")  # a second run migrates nothing and refuses the name
+    assert again.returncode != 0 and "no such table" not in again.stderr
+    assert again.stderr.startswith("error: ") and len(again.stderr.strip().splitlines()) == 1
+
+
+def test_a_short_password_on_a_fresh_home_is_a_coded_one_line_error(tmp_path):
+    refused = _kiln(tmp_path / "fresh", "user", "create", "alice", password="p")
+    assert refused.returncode != 0
+    assert refused.stderr.strip() == "error: weak_password: the password must be at least 8 characters"
