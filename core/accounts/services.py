@@ -47,8 +47,32 @@ def token_authenticate(*, secret: str):
     return token.user
 
 
+MIN_REVOKE_PREFIX = 8  # characters of a token's start that `kiln token revoke` accepts
+
+
 def token_revoke(*, prefix: str) -> int:
-    return ApiToken.objects.filter(prefix=prefix, revoked_at=None).update(revoked_at=timezone.now())
+    """Revoke one active token named by the whole secret `kiln token create` printed (matched by its
+    hash, as authentication does) or by a start of it at least MIN_REVOKE_PREFIX characters long that
+    only one active token has. Returns how many were revoked (0: none matches); a start shared by
+    several active tokens, or one too short to tell tokens apart, is refused and revokes nothing."""
+    value = (prefix or "").strip()
+    active = ApiToken.objects.filter(revoked_at=None)
+    if len(value) < MIN_REVOKE_PREFIX:
+        raise KilnError("token_prefix_too_short",
+                        f"give the token or at least its first {MIN_REVOKE_PREFIX} characters, not {len(value)}",
+                        hint="the token starts with kiln_; `kiln token create` printed it")
+    by_hash = active.filter(token_hash=_hash(value))
+    if by_hash.exists():
+        return by_hash.update(revoked_at=timezone.now())
+    stored = value[: ApiToken._meta.get_field("prefix").max_length]
+    if len(value) > len(stored):
+        return 0  # longer than the stored prefix but not a token's secret: names nothing
+    # startswith is case-insensitive on SQLite; token secrets are not: compare again exactly.
+    matches = [i for i, p in active.filter(prefix__startswith=stored).values_list("id", "prefix") if p.startswith(stored)]
+    if len(matches) > 1:
+        raise KilnError("token_ambiguous", f"{len(matches)} active tokens start with {value!r}; nothing was revoked",
+                        hint="give more of the token (its first 12 characters tell tokens apart), or all of it")
+    return ApiToken.objects.filter(id__in=matches, revoked_at=None).update(revoked_at=timezone.now())
 
 
 def check_new_username(username: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import sys
 
 
 def add_parser(subparsers) -> None:
@@ -23,8 +24,9 @@ def add_parser(subparsers) -> None:
     token_create = token_sub.add_parser("create", help="create an API token for USER and print it once")
     token_create.add_argument("username")
     token_create.add_argument("--name", default="")
-    revoke = token_sub.add_parser("revoke", help="revoke a token by its prefix")
-    revoke.add_argument("prefix")
+    revoke = token_sub.add_parser("revoke", help="revoke a token: the whole token, or its first 8+ characters")
+    revoke.add_argument("prefix", metavar="TOKEN", help="the token kiln token create printed, or a start of it "
+                                                        "(at least 8 characters) that only one active token has")
     token.set_defaults(handler=run_token)
 
 
@@ -51,7 +53,7 @@ def run_user(args) -> int:
         raise CliError(exc.code, exc.message, exc.hint) from None
     password = os.environ.get(args.password_env)
     if password is None:
-        password = getpass.getpass(f"password for {args.username}: ")
+        password = _read_password(args.username)
     if len(password) < 8:
         raise CliError("weak_password", "the password must be at least 8 characters")
     try:
@@ -61,6 +63,17 @@ def run_user(args) -> int:
         raise CliError(exc.code, exc.message, exc.hint) from None
     print(f"created user {args.username}")
     return 0
+
+
+def _read_password(username: str) -> str:
+    """Prompt on a terminal; without one (a pipe, a closed stdin) read one line, as getpass would but
+    without its multi-line "password may be echoed" warning (an empty stdin is input_closed in main)."""
+    if sys.stdin is not None and sys.stdin.isatty():
+        return getpass.getpass(f"password for {username}: ")
+    line = sys.stdin.readline() if sys.stdin is not None else ""
+    if not line:
+        raise EOFError
+    return line.rstrip("\r\n")
 
 
 def run_token(args) -> int:
@@ -77,7 +90,13 @@ def run_token(args) -> int:
             raise CliError(exc.code, exc.message, exc.hint) from None
         print(secret)
         return 0
-    if not token_revoke(prefix=args.prefix):
-        raise CliError("token_not_found", f"no active token starts with {args.prefix!r}")
-    print(f"revoked {args.prefix}")
+    shown = args.prefix[:12]  # never echo a whole secret
+    try:
+        revoked = token_revoke(prefix=args.prefix)
+    except KilnError as exc:
+        raise CliError(exc.code, exc.message, exc.hint) from None
+    if not revoked:
+        raise CliError("token_not_found", f"no active token is or starts with {shown!r}",
+                       "give the token kiln token create printed, or at least its first 8 characters")
+    print(f"revoked {shown}")
     return 0

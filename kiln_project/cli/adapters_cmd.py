@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from kiln_project.cli.adapters_verify_cmd import add_verify_parser, run_verify
-from kiln_project.cli.client import CliError, KilnClient, raise_for_stream_error
+from kiln_project.cli.client import CliError, KilnClient, api_path, raise_for_stream_error
 from kiln_project.cli.output import check_output_path, print_json, print_table
 
 TRANSFER_TIMEOUT = 600.0  # uploads and downloads of large adapters
@@ -82,7 +82,7 @@ def _download(client: KilnClient, name: str, output: Path) -> dict:
     check_output_path(output)
     partial = output.with_name(f".{output.name}.part")
     try:
-        with client._http.stream("GET", f"/v1/adapters/{name}/download", timeout=TRANSFER_TIMEOUT) as response:
+        with client._http.stream("GET", api_path("/v1/adapters", name, "download"), timeout=TRANSFER_TIMEOUT) as response:
             raise_for_stream_error(response)
             size = 0
             with open(partial, "wb") as fh:
@@ -111,7 +111,7 @@ def run(args) -> int:
         print_json(adapters) if args.json else _print_list(adapters)
         return 0
     if command == "show":
-        detail = client.get(f"/v1/adapters/{args.name}/detail")
+        detail = client.get(api_path("/v1/adapters", args.name, "detail"))
         print_json(detail) if args.json else _print_detail(detail)
         return 0
     if command == "download":
@@ -143,12 +143,12 @@ def run(args) -> int:
         return 0
     if command == "delete":
         params = {"reason": args.reason} if args.reason else None
-        result = client.delete(f"/v1/adapters/{args.name}", params=params)
+        result = client.delete(api_path("/v1/adapters", args.name), params=params)
         print_json(result) if args.json else print(f"deleted {result['name']} "
                                                    f"({len(result.get('removed') or [])} folder(s) removed)")
         return 0
     if command == "activate":
-        promotion = client.post(f"/v1/adapters/{args.name}/activate", json={"reason": args.reason})
+        promotion = client.post(api_path("/v1/adapters", args.name, "activate"), json={"reason": args.reason})
         print_json(promotion) if args.json else print(
             f"promotion {promotion['id']}: {promotion['state']} ({promotion.get('incumbent') or 'base'} -> "
             f"{promotion['candidate']})" + (" - waits for a reviewer: kiln promotions approve "

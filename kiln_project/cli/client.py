@@ -6,16 +6,24 @@ KILN_API_TOKEN, a command talking to a loopback server uses the token `./scripts
 this machine's user in KILN_HOME/cli-token (never sent to any other host). A request answered
 `model_loading` (the server just started) is retried until the model is ready, for at most
 KILN_WAIT_READY_SECONDS (default 300), with one progress line on stderr.
+
+Names and ids go into paths through `api_path` (each one percent-encoded as one segment), and every
+request's path is checked before it is sent (`check_path`): a "." or ".." segment, a "#", a backslash or
+a URL is refused (`invalid_path_segment`), so `kiln jobs cancel ../adapters/x` can never become
+DELETE /v1/adapters/x. An answer that is not Kiln's JSON API (a wrong --url) is one
+`not_a_kiln_server` line.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
@@ -59,16 +67,117 @@ def local_token(url: str) -> str | None:
         return None
 
 
-def raise_for_stream_error(response) -> None:
-    """A streamed download's refusal (status >= 400) as a CliError with the server's code, message and hint
-    (`http_<status>` and the start of the body when it is not the error envelope); reads the body first."""
+_DOT_SEGMENTS = (".", "..")
+
+
+def api_path(base: str, *segments) -> str:
+    """`base` (a fixed route such as "/v1/jobs") followed by each segment percent-encoded as ONE path
+    segment: a user's name or id can never add a "/" or climb with ".." (`api_path("/v1/jobs", job_id,
+    "events")`). An empty, "." or ".." segment is refused: no encoding stops a server or proxy from
+    resolving it."""
+    parts = [base.rstrip("/")]
+    for segment in segments:
+        text = str(segment)
+        if text in ("", *_DOT_SEGMENTS):
+            raise CliError("invalid_path_segment", f"{text!r} cannot be a name or id in a URL path",
+                           "give the name or id exactly as `list` shows it")
+        parts.append(quote(text, safe=""))
+    return "/".join(parts)
+
+
+def check_path(method: str, path: str) -> None:
+    """Refuse to send a request whose path is not a plain server-relative path, or has a "." or ".."
+    segment (percent-encoded or not): httpx resolves `/v1/jobs/../adapters/x` to `/v1/adapters/x`, so an
+    id spliced into a path unescaped could aim a DELETE at another route. Every request goes through
+    this (KilnClient._send and its httpx client), whatever built the path."""
+    text = str(path)
+    where = text.split("?", 1)[0]
+    if not where.startswith("/") or where.startswith("//") or "\\" in where or "#" in text:
+        raise CliError("invalid_path_segment", f"refusing to send {method} {text[:200]!r}: not a path on the "
+                       "Kiln server", "names and ids must not contain '/', '\\', '#' or a URL")
+    for segment in where.split("/"):
+        decoded = unquote(segment)
+        if decoded in _DOT_SEGMENTS or unquote(decoded) in _DOT_SEGMENTS:
+            raise CliError("invalid_path_segment", f"refusing to send {method} {text[:200]!r}: a path segment "
+                           f"is {decoded!r}, which would change the route it reaches",
+                           "names and ids cannot be '.' or '..' or contain '/'")
+
+
+_LISTINGS = {"training job": "kiln train status", "eval job": "kiln eval status"}
+
+
+def job_id_arg(value: str, what: str = "job") -> str:
+    """A job id as the server issues it (a UUID), canonical; anything else is `invalid_job_id` before any
+    request (the id is also a URL path segment)."""
+    try:
+        return str(uuid.UUID(str(value).strip()))
+    except (ValueError, AttributeError):
+        raise CliError("invalid_job_id", f"{str(value)[:100]!r} is not a {what} id (ids are UUIDs such as "
+                       "3f1f8c5e-0000-4000-8000-000000000000)",
+                       f"list {what}s and their ids with: {_LISTINGS.get(what, 'kiln jobs list')}") from None
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # server text is not allowed to drive the terminal
+
+
+def _content_type(response) -> str:
+    kind = (response.headers.get("content-type") or "").split(";", 1)[0].strip()
+    return _CONTROL.sub("?", kind)[:100] or "no content type"
+
+
+def not_kiln(response, url: str) -> CliError:
+    """The one line for an answer that is not Kiln's JSON API (a wrong --url: another web server)."""
+    status = f"{response.status_code} {response.reason_phrase}".strip()
+    location = _CONTROL.sub("?", response.headers.get("location") or "")
+    moved = f" (redirecting to {location[:200]})" if location and 300 <= response.status_code < 400 else ""
+    return CliError("not_a_kiln_server", f"{url} answered {status}{moved} with {_content_type(response)}, "
+                    "not Kiln's JSON API", "check --url or KILN_URL: it should name the Kiln server, "
+                    "e.g. http://127.0.0.1:8420")
+
+
+def _envelope_error(response) -> CliError | None:
+    """Kiln's error envelope {"error": {"code", "message", "hint"}} as a CliError, or None."""
+    try:
+        error = response.json()["error"]
+        code, message = error["code"], error["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(code, str) or not isinstance(message, str):
+        return None
+    hint = error.get("hint") if isinstance(error.get("hint"), str) else ""
+    return CliError(code, _CONTROL.sub("?", " ".join(message.splitlines())), _CONTROL.sub("?", " ".join(hint.splitlines())))
+
+
+def raise_for_stream_error(response, url: str | None = None) -> None:
+    """A streamed download's refusal (status >= 400) as a CliError with the server's code, message and hint,
+    or `not_a_kiln_server` when the body is not the error envelope (or the answer is a redirect, which
+    Kiln's API never sends); reads the body first."""
+    if 300 <= response.status_code < 400:
+        response.read()
+        raise not_kiln(response, url or _origin(response))
     if response.status_code >= 400:
         response.read()
-        try:
-            error = response.json()["error"]
-        except (ValueError, KeyError, TypeError):
-            raise CliError(f"http_{response.status_code}", response.text[:200]) from None
-        raise CliError(error["code"], error["message"], error.get("hint", ""))
+        error = _envelope_error(response)
+        if error is None:
+            raise not_kiln(response, url or _origin(response))
+        raise error
+
+
+def _origin(response) -> str:
+    try:
+        request_url = response.request.url
+        return f"{request_url.scheme}://{request_url.netloc.decode()}"
+    except RuntimeError:
+        return "the server"
+
+
+class _GuardedHttp(httpx.Client):
+    """httpx.Client that checks every relative path it is asked for (also `client._http.stream(...)`)."""
+
+    def build_request(self, method, url, *args, **kwargs):
+        if isinstance(url, str) and "://" not in url:
+            check_path(method, url)
+        return super().build_request(method, url, *args, **kwargs)
 
 
 class KilnClient:
@@ -84,7 +193,7 @@ class KilnClient:
                            "e.g. --url http://127.0.0.1:8420 (or KILN_URL)")
         token = token if token is not None else os.environ.get("KILN_API_TOKEN") or local_token(self.url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self._http = _GuardedHttp(base_url=self.url, headers=headers, timeout=timeout)
         self._announce_lock = threading.Lock()
         self._announced = False
 
@@ -114,18 +223,23 @@ class KilnClient:
             return result
 
     def _send(self, method: str, path: str, **kwargs):
+        check_path(method, path)
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise CliError("connection_failed", f"cannot reach Kiln at {self.url}: {exc}",
                            "is `kiln serve` running? pass --url or set KILN_URL") from None
         if response.status_code >= 400:
-            try:
-                error = response.json()["error"]
-                raise CliError(error["code"], error["message"], error.get("hint", ""))
-            except (ValueError, KeyError, TypeError):
-                raise CliError(f"http_{response.status_code}", response.text[:200] or response.reason_phrase) from None
-        return response.json() if response.content else None
+            error = _envelope_error(response)
+            raise error if error is not None else not_kiln(response, self.url)
+        if response.status_code >= 300:  # Kiln's API never redirects: another server answered
+            raise not_kiln(response, self.url)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise not_kiln(response, self.url) from None
 
     def get(self, path: str, **kwargs):
         return self.request("GET", path, **kwargs)

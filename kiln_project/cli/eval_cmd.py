@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from urllib.parse import quote
 
-from kiln_project.cli.client import CliError, KilnClient
+from kiln_project.cli.client import CliError, KilnClient, api_path, job_id_arg
 from kiln_project.cli.output import TERMINAL_STATES, follow, print_json, print_table
 
 PARTITIONS = ("train", "validation", "holdout")
@@ -171,7 +170,7 @@ def _datasets(client: KilnClient, args) -> object:
                            files={"file": (args.file.name, content, "application/x-ndjson")})
     if command == "list":
         return client.get("/v1/eval/datasets")
-    path = f"/v1/eval/datasets/{quote(args.name, safe='')}"
+    path = api_path("/v1/eval/datasets", args.name)
     if command == "show":
         return client.get(path)
     if command == "delete":
@@ -200,7 +199,7 @@ def _suites(client: KilnClient, args) -> object:
         return client.post("/v1/eval/suites", params={"force": "true"} if args.force else None, json=body)
     if command == "list":
         return client.get("/v1/eval/suites")
-    path = f"/v1/eval/suites/{quote(args.name, safe='')}"
+    path = api_path("/v1/eval/suites", args.name)
     return client.get(path) if command == "show" else client.delete(path)
 
 
@@ -281,9 +280,9 @@ def _print_result(result: dict) -> None:
 
 
 def _settle(client: KilnClient, job_id: str, follow_it: bool, as_json: bool) -> int:
-    job_path = f"/v1/eval/jobs/{quote(job_id, safe='')}"
+    job_path = api_path("/v1/eval/jobs", job_id)
     if follow_it:
-        job = follow(lambda: client.get(f"/v1/jobs/{quote(job_id, safe='')}"), _job_label)
+        job = follow(lambda: client.get(api_path("/v1/jobs", job_id)), _job_label)
         if job["state"] not in TERMINAL_STATES:  # pragma: no cover - follow returns terminal states only
             return 1
     result = client.get(job_path)
@@ -314,6 +313,8 @@ def _accuracy_cell(job: dict) -> str:
 
 def _jobs(client: KilnClient, args) -> int:
     command = args.eval_command
+    if getattr(args, "job_id", None) is not None:  # status, rerun, replay: an id is a UUID
+        args.job_id = job_id_arg(args.job_id, "eval job")
     if command == "status" and not args.job_id:
         jobs = client.get("/v1/eval/jobs")
         if args.json:
@@ -340,9 +341,9 @@ def _jobs(client: KilnClient, args) -> int:
             body["outcome_kinds"] = [k.strip() for k in args.outcome_kinds.split(",") if k.strip()]
         if args.seed is not None:
             body["seed"] = args.seed
-        queued = client.post(f"/v1/eval/jobs/{quote(args.job_id, safe='')}/rerun", json=body)
+        queued = client.post(api_path("/v1/eval/jobs", args.job_id, "rerun"), json=body)
     else:
-        queued = client.post(f"/v1/eval/jobs/{quote(args.job_id, safe='')}/replay", json={})
+        queued = client.post(api_path("/v1/eval/jobs", args.job_id, "replay"), json={})
     if not args.follow:
         if args.json:
             print_json(queued)

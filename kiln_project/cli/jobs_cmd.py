@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from kiln_project.cli.client import CliError, KilnClient
+from kiln_project.cli.client import CliError, KilnClient, api_path, job_id_arg
 from kiln_project.cli.output import TERMINAL_STATES, follow, print_json, print_table
+
+MAX_LIMIT = 1000  # the server's bound on GET /v1/jobs?limit
 
 
 def add_parser(subparsers, common) -> None:
@@ -30,7 +32,8 @@ def _job_label(job: dict) -> str:
 
 def follow_job(client: KilnClient, job_id: str) -> dict:
     """Poll a job until it reaches a terminal state, drawing progress; returns the final detail."""
-    return follow(lambda: client.get(f"/v1/jobs/{job_id}"), _job_label)
+    path = api_path("/v1/jobs", job_id)
+    return follow(lambda: client.get(path), _job_label)
 
 
 def _finish(job: dict, as_json: bool) -> int:
@@ -46,10 +49,20 @@ def _finish(job: dict, as_json: bool) -> int:
     return 0
 
 
+def _check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_LIMIT:  # 0 too: never read as "no limit" (the server's default)
+        raise CliError("invalid_limit", f"--limit must be between 1 and {MAX_LIMIT}, not {limit}")
+
+
 def run(args) -> int:
+    if args.jobs_command == "list":
+        _check_limit(args.limit)
+    else:
+        args.job_id = job_id_arg(args.job_id)
     client = KilnClient(args.url)
     if args.jobs_command == "list":
-        params = {k: v for k, v in {"state": args.state, "kind": args.kind, "limit": args.limit}.items() if v}
+        params = {k: v for k, v in {"state": args.state, "kind": args.kind, "limit": args.limit}.items()
+                  if v is not None and v != ""}
         jobs = client.get("/v1/jobs", params=params)
         if args.json:
             print_json(jobs)
@@ -60,7 +73,7 @@ def run(args) -> int:
     if args.jobs_command == "show":
         if args.follow:
             return _finish(follow_job(client, args.job_id), args.json)
-        job = client.get(f"/v1/jobs/{args.job_id}")
+        job = client.get(api_path("/v1/jobs", args.job_id))
         if args.json:
             print_json(job)
         else:
@@ -71,12 +84,18 @@ def run(args) -> int:
             if job.get("error"):
                 print(f"{'error':17} {job['error']['code']}: {job['error']['message']}")
         return 0
-    job = client.delete(f"/v1/jobs/{args.job_id}")
+    job = client.delete(api_path("/v1/jobs", args.job_id))
     if args.follow and job["state"] not in TERMINAL_STATES:
         job = follow_job(client, args.job_id)
     if args.json:
         print_json(job)
+    elif job["state"] == "cancelled":
+        print(f"cancelled {job['id']}")
+    elif job["state"] in TERMINAL_STATES:  # it finished on its own before the cancel took effect
+        print(f"{job['id']} {job['state']} before the cancel took effect")
     else:
-        verb = "cancellation requested for" if job["state"] == "running" else "cancelled"
-        print(f"{verb} {job['id']} ({job['state']})")
+        print(f"cancellation requested for {job['id']} ({job['state']})")
+    if job["state"] in TERMINAL_STATES and job["state"] != "cancelled":
+        raise CliError("job_not_cancelled", f"job {job['id']} {job['state']} before the cancel took effect",
+                       f"see it with: kiln jobs show {job['id']}")
     return 0

@@ -103,9 +103,11 @@ def _artifact_args(parser) -> None:
     parser.add_argument("summary_file", nargs="?", metavar="SUMMARY", help="the rollout summary (or --summary)")
     parser.add_argument("--summary", type=Path, help="the rollout summary JSON")
     parser.add_argument("--dataset", type=Path, help="the JSONL (default: the summary's output_path file name beside "
-                        "the summary, else that stored path)")
+                        "the summary, else STEM.rollouts.jsonl beside STEM.rollout-summary.json, else that stored "
+                        "path, said in a note)")
     parser.add_argument("--replay", type=Path, help="the replay transcript (default: the summary's replay_output_path "
-                        "file name beside the summary, else that stored path)")
+                        "file name beside the summary, else STEM.replay.json beside it, else that stored path, "
+                        "said in a note)")
 
 
 def _environment_args(parser) -> None:
@@ -120,7 +122,26 @@ def _urls(args) -> list[str]:
     urls = ([args.target] if args.target else []) + list(args.environment)
     if not urls:
         raise CliError("openenv_invalid_url", "give an environment URL", "kiln openenv inspect --environment URL")
+    for url in urls:
+        _check_url_form(url)
     return urls
+
+
+def _check_url_form(raw: str) -> None:
+    """Before any request: a URL without a scheme must be HOST:PORT (a bare word such as `notaurl` is a typo,
+    not a host to look up and fail to reach)."""
+    from urllib.parse import urlsplit
+
+    text = raw.strip() if isinstance(raw, str) else ""
+    if not text or "://" in text:
+        return  # normalize_url checks the rest
+    try:
+        port = urlsplit("http://" + text).port
+    except ValueError:
+        return  # normalize_url names what does not parse
+    if port is None:
+        raise CliError("openenv_invalid_url", f"{_clean(text)[:200]!r} is not an environment URL",
+                       "give http(s)://HOST[:PORT][/PATH] or HOST:PORT, e.g. http://127.0.0.1:8990")
 
 
 def _cli_error(exc) -> CliError:
@@ -190,10 +211,20 @@ def _inspect(args, endpoints, credentials) -> int:
 
 
 def _tasks(args, endpoint, credential) -> int:
+    from openenv.client.errors import OpenEnvInvalidTaskSelection
     from openenv.client.tasks import task_catalog
 
-    catalog = asyncio.run(task_catalog(endpoint, credential=credential, environment_name=args.environment_name,
-                                       split=args.split, start=args.start, limit=args.limit))
+    try:
+        catalog = asyncio.run(task_catalog(endpoint, credential=credential, environment_name=args.environment_name,
+                                           split=args.split, start=args.start, limit=args.limit))
+    except OpenEnvInvalidTaskSelection as exc:
+        if exc.http_status == 404 and exc.message.startswith("GET splits"):
+            # Not a bad selection: the splits route itself is missing, so `tasks` without --split fails too.
+            named = f" or has no environment named {args.environment_name!r}" if args.environment_name else ""
+            raise CliError(exc.code, f"{endpoint.base_url} has no Task API (GET splits answered 404){named}",
+                           "the Task API is optional: collection does not need it; kiln openenv inspect URL shows "
+                           "what the server offers") from None
+        raise
     if args.json:
         print_json(catalog)
         return 0
@@ -288,6 +319,7 @@ def _rollout(args) -> int:
         summary_output_path=args.summary_output).check()
     for path in (config.output_path, config.replay_output_path, config.summary_output_path):
         check_output_path(path)  # before any episode: a device or FIFO is refused, not replaced
+        check_output_folder(path)
     policy = ChatCompletionPolicy(_kiln_post(client), adapter=adapter_name(args.adapter))
     bar, progress = _progress()
     try:
@@ -313,17 +345,113 @@ def _rollout(args) -> int:
     return 0
 
 
+def check_output_folder(path: Path) -> None:
+    """Before any episode: the output's folder exists and can take a new file (publication writes a
+    temporary file beside the output, then renames it)."""
+    import os
+
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise CliError("output_folder_not_found", f"the folder {folder} for {path} does not exist",
+                       "create it first, or choose another output path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError("output_folder_not_writable", f"cannot write {path}: the folder {folder} is not writable",
+                       "choose an output path in a folder you can write")
+
+
 def _summary_path(args) -> Path:
     path = args.summary or (Path(args.summary_file) if args.summary_file else None)
     if path is None:
         raise CliError("openenv_verification_failed", "give the rollout summary", "kiln openenv verify --summary FILE")
+    if not path.is_file():
+        raise CliError("file_not_found", f"the summary {path} does not exist" if not path.exists()
+                       else f"the summary {path} is not a file",
+                       "give the rollout summary JSON the collection wrote (e.g. openenv.rollout-summary.json)")
     return path
+
+
+# What a summary may be called, and what `kiln openenv rollout|train|artifact` call the other two files beside
+# it (COLLECTION_OUTPUTS: openenv.rollouts.jsonl, openenv.replay.json, openenv.rollout-summary.json; the
+# README's math-r001.rollouts.jsonl beside math-r001.summary.json).
+SUMMARY_SUFFIXES = (".rollout-summary.json", ".summary.json", ".json")
+DOWNLOAD_SUFFIXES = {"dataset": ".rollouts.jsonl", "replay": ".replay.json"}
+
+
+def _stem(summary: Path) -> str | None:
+    for suffix in SUMMARY_SUFFIXES:
+        if summary.name.endswith(suffix) and len(summary.name) > len(suffix):
+            return summary.name[: -len(suffix)]
+    return None
+
+
+def _given(path: Path | None, what: str) -> Path | None:
+    if path is not None and not path.is_file():
+        raise CliError("file_not_found", f"the {what} {path} does not exist" if not path.exists()
+                       else f"the {what} {path} is not a file", f"give the collection's {what} file")
+    return path
+
+
+def _beside(summary: Path, stored, what: str, flag: str) -> tuple[Path | None, str | None]:
+    """The summary's `what` file to check, and a note when it is not a file beside the summary:
+    1. its recorded file name beside the summary (an archived copy of the three, as the README says);
+    2. `<stem>.rollouts.jsonl` / `<stem>.replay.json` beside `<stem>.rollout-summary.json` (or
+       `<stem>.summary.json`): the names downloads and collections give the three files;
+    3. else the recorded path itself (the collecting machine's or the server's copy), said plainly."""
+    if not isinstance(stored, str) or not stored:
+        return None, None  # verify names the summary's broken field
+    recorded = Path(stored)
+    neighbour = summary.parent / recorded.name
+    if neighbour.is_file():
+        return neighbour, None
+    stem = _stem(summary)
+    if stem is not None:
+        download = summary.parent / (stem + DOWNLOAD_SUFFIXES[what])
+        if download.is_file():
+            return download, None
+    if recorded.is_file():
+        whose = "the server's copy" if "/.openenv/runs/" in recorded.as_posix() else "the copy"
+        return recorded, (f"checked {whose} of the {what} at its recorded path {recorded}, not a file beside the "
+                          f"summary (pass {flag} FILE to check your own)")
+    expected = recorded.name if stem is None else f"{recorded.name} or {stem}{DOWNLOAD_SUFFIXES[what]}"
+    raise CliError("file_not_found", f"the summary's {what} is neither beside {summary} ({expected}) nor at its "
+                   f"recorded path {recorded}", f"pass {flag} FILE")
+
+
+def _artifact_paths(args) -> tuple[Path, Path | None, Path | None, list[str]]:
+    """(summary, dataset, replay, notes) for verify and replay: the files given, else those beside the summary."""
+    summary = _summary_path(args)
+    dataset, replay = _given(args.dataset, "dataset"), _given(args.replay, "replay")
+    notes = []
+    if dataset is None or replay is None:
+        try:
+            recorded = json.loads(summary.read_bytes())
+        except (OSError, ValueError):
+            recorded = None  # verify reports what is wrong with the summary
+        if isinstance(recorded, dict):
+            for what, key, flag in (("dataset", "output_path", "--dataset"), ("replay", "replay_output_path", "--replay")):
+                if (dataset if what == "dataset" else replay) is not None:
+                    continue
+                path, note = _beside(summary, recorded.get(key), what, flag)
+                if what == "dataset":
+                    dataset = path
+                else:
+                    replay = path
+                if note:
+                    notes.append(note)
+    return summary, dataset, replay, notes
+
+
+def _print_notes(notes: list[str], as_json: bool) -> None:
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr if as_json else sys.stdout, flush=True)
 
 
 def _verify(args) -> int:
     from openenv.verify import verify
 
-    report = verify(_summary_path(args), dataset_path=args.dataset, replay_path=args.replay).report
+    summary, dataset, replay, notes = _artifact_paths(args)
+    _print_notes(notes, args.json)
+    report = verify(summary, dataset_path=dataset, replay_path=replay).report
     if args.json:
         print_json(report)
     else:
@@ -339,12 +467,14 @@ def _replay(args) -> int:
     from openenv.replay import replay_async
     from openenv.verify import verify
 
-    summary = verify(_summary_path(args), dataset_path=args.dataset, replay_path=args.replay).summary
+    summary_path, dataset, replay, notes = _artifact_paths(args)
+    _print_notes(notes, args.json)
+    summary = verify(summary_path, dataset_path=dataset, replay_path=replay).summary
     urls = [e["identity"]["base_url"] for e in summary["environments"]]
     credentials = credentials_for_urls(urls, args.credential_env)
     bar, progress = _progress()
     try:
-        report = asyncio.run(replay_async(_summary_path(args), dataset_path=args.dataset, replay_path=args.replay,
+        report = asyncio.run(replay_async(summary_path, dataset_path=dataset, replay_path=replay,
                                           credentials=credentials, concurrency=args.concurrency,
                                           capacity_wait_seconds=args.capacity_wait_seconds, on_progress=progress))
     finally:

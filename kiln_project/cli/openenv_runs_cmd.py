@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from kiln_project.cli.client import CliError, KilnClient, raise_for_stream_error
+from kiln_project.cli.client import CliError, KilnClient, api_path, raise_for_stream_error
 from kiln_project.cli.openenv_run_text import (
     failure_lines,
     post_eval_text,
@@ -304,7 +304,7 @@ def run(args) -> int:
 def _path(run_id: str) -> str:
     if not run_id or "/" in run_id or len(run_id) > 64:
         raise CliError("openenv_run_not_found", f"{run_id[:64]!r} is not a run id", "list runs: kiln openenv runs")
-    return f"/v1/openenv/runs/{run_id}"
+    return api_path("/v1/openenv/runs", run_id)
 
 
 def post_run(client: KilnClient, body: dict) -> tuple[dict, bool]:

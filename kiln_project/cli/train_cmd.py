@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from kiln_project.cli.client import CliError, KilnClient
+from kiln_project.cli.client import CliError, KilnClient, api_path, job_id_arg
 from kiln_project.cli.output import follow, print_json, print_table
 
 
@@ -124,17 +124,27 @@ def _training_label(status: dict) -> str:
 
 
 def follow_training(client: KilnClient, job_id: str) -> dict:
-    return follow(lambda: client.get(f"/v1/train/status/{job_id}"), _training_label)
+    path = api_path("/v1/train/status", job_id)
+    return follow(lambda: client.get(path), _training_label)
 
 
 def _when(value) -> str:
     return f" at {value}" if value else ""
 
 
+def _text(value) -> str:
+    """A status field for a person: "-" for none, `code: message` for an error object."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, dict) and "code" in value:
+        return f"{value.get('code')}: {value.get('message') or ''}".rstrip(": ")
+    return str(value)
+
+
 def detail_lines(detail: dict) -> list[str]:
     """`kiln train status --job-id`: the job's status, then its three recorded states (training,
     evaluation, activation) with their times, then the gate's evidence (README, "Promotion")."""
-    lines = [f"{key:14} {detail.get(key)}" for key in (
+    lines = [f"{key:14} {_text(detail.get(key))}" for key in (
         "job_id", "state", "progress", "current_loss", "adapter_name", "adapter_path", "elapsed_secs", "error",
         "gate_outcome", "post_eval_verdict")]
     states = detail.get("states") or {}
@@ -189,7 +199,7 @@ def _final(status: dict, as_json: bool) -> int:
         print_json(status)
     else:
         gate = f"  gate {status['gate_outcome']}" if status.get("gate_outcome") else ""
-        print(f"{status['job_id']}  {status['state']}  adapter {status.get('adapter_name')}{gate}")
+        print(f"{status['job_id']}  {status['state']}  adapter {_text(status.get('adapter_name'))}{gate}")
         if status.get("post_eval_verdict"):
             print(f"post-eval: {status['post_eval_verdict']}")
     if status["state"] != "completed":
@@ -223,6 +233,8 @@ def run(args) -> int:
     if args.train_command == "grpo":
         response = _submit_grpo(client, args)
         if args.follow:
+            if not args.json:  # the id first: an interrupted follow leaves it on screen
+                print(f"queued {response['job_id']} (effective seed {response['effective_seed']})", flush=True)
             return _final(follow_training(client, response["job_id"]), args.json)
         if args.json:
             print_json(response)
@@ -230,13 +242,14 @@ def run(args) -> int:
             print(f"queued {response['job_id']} (effective seed {response['effective_seed']})")
         return 0
     if args.train_command == "cancel":
-        response = client.delete(f"/v1/train/queue/{args.job_id}")
+        response = client.delete(api_path("/v1/train/queue", job_id_arg(args.job_id, "training job")))
         print_json(response) if args.json else print(f"{response['status']} {response['job_id']}")
         return 0
-    if args.job_id:
+    if args.job_id is not None:
+        args.job_id = job_id_arg(args.job_id, "training job")
         if args.follow:
             return _final(follow_training(client, args.job_id), args.json)
-        detail = client.get(f"/v1/train/jobs/{args.job_id}")  # the status fields, states and evidence
+        detail = client.get(api_path("/v1/train/jobs", args.job_id))  # the status fields, states and evidence
         if args.json:
             print_json(detail)
         else:
@@ -247,6 +260,7 @@ def run(args) -> int:
     if args.json:
         print_json(statuses)
     else:
-        print_table([{**s, "progress": f"{s['progress'] * 100:.0f}%"} for s in statuses],
+        print_table([{**s, "progress": f"{s['progress'] * 100:.0f}%", "current_loss": _text(s.get("current_loss")),
+                      "gate_outcome": _text(s.get("gate_outcome"))} for s in statuses],
                     ["job_id", "state", "progress", "current_loss", "adapter_name", "gate_outcome"])
     return 0

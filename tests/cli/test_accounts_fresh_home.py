@@ -46,3 +46,21 @@ def test_a_short_password_on_a_fresh_home_is_a_coded_one_line_error(tmp_path):
     refused = _kiln(tmp_path / "fresh", "user", "create", "alice", password="p")
     assert refused.returncode != 0
     assert refused.stderr.strip() == "error: weak_password: the password must be at least 8 characters"
+
+
+def _kiln_stdin(home, stdin: str, *args):
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "KILN_DATABASE_URL", "KILN_DEBUG", "KILN_PASSWORD")}
+    env.update(KILN_HOME=str(home))
+    return subprocess.run([sys.executable, "-m", "kiln_project.cli.main", *args], env=env, input=stdin,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_without_a_terminal_the_password_is_one_piped_line_and_a_closed_stdin_one_error_line(tmp_path):
+    home = tmp_path / "fresh"
+    piped = _kiln_stdin(home, "long-enough-pw\n", "user", "create", "carol")
+    assert piped.returncode == 0 and piped.stdout.strip() == "created user carol"
+    assert piped.stderr == ""  # no GetPassWarning, no "password input may be echoed"
+    closed = _kiln_stdin(home, "", "user", "create", "dave")
+    assert closed.returncode != 0 and len(closed.stderr.strip().splitlines()) == 1
+    assert closed.stderr.startswith("error: input_closed: ")

@@ -79,13 +79,11 @@ def test_user_create_refuses_a_bad_or_taken_name_before_asking_a_password(capsys
 
 
 def test_a_closed_stdin_at_the_password_prompt_is_one_line(capsys, monkeypatch, db):
-    import getpass
-
-    def closed(prompt):
-        raise EOFError
+    import io
+    import sys
 
     monkeypatch.delenv("KILN_PASSWORD", raising=False)
     monkeypatch.delenv("KILN_DEBUG", raising=False)
-    monkeypatch.setattr(getpass, "getpass", closed)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # no terminal, and nothing to read
     code, err = _run(capsys, ["user", "create", "newcomer"])
     assert code == 1 and err.startswith("error: input_closed: ") and "KILN_PASSWORD" in err

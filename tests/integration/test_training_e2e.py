@@ -91,7 +91,9 @@ def test_cli_train_grpo_follow_and_round_two_from_the_first_adapter(trainer_stac
     env = {"KILN_API_TOKEN": token}
     first = stack.kiln("train", "grpo", "--file", str(data), "--adapter", "cli-r001", "--lora-rank", "4",
                        "--follow", "--url", stack.url, env=env, timeout=300)
-    assert first.stdout.split()[1:4] == ["completed", "adapter", "cli-r001"], first.stdout + first.stderr
+    queued, final = first.stdout.splitlines()[:2]  # the id first (a Ctrl-C leaves it), then the outcome
+    assert queued.startswith("queued ") and queued.split()[1] == final.split()[0], first.stdout
+    assert final.split()[1:4] == ["completed", "adapter", "cli-r001"], first.stdout + first.stderr
     # The guide: --file submits the streamed route (the server reads the file), and the receipt says so.
     first_receipt = stack.client(token).get("/v1/adapters/cli-r001/receipt").json()
     assert first_receipt["training_data"]["source"] == "dataset_path"
