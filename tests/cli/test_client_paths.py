@@ -7,47 +7,20 @@ import httpx
 import pytest
 
 from kiln_project.cli import adapters_cmd, client, eval_cmd, jobs_cmd, train_cmd
-from kiln_project.cli.client import CliError, KilnClient, api_path, check_path, job_id_arg
-from kiln_project.cli.main import main
+from kiln_project.cli.client import CliError, api_path, check_path, job_id_arg
+from tests.cli.recording_server import Recorder, fake_client, run_cli, serve_commands
 
 JOB = "3f1f8c5e-0000-4000-8000-000000000001"
-
-
-class Recorder:
-    """A fake server: records every request that reached it and answers with `answer(request)`."""
-
-    def __init__(self, answer):
-        self.answer = answer
-        self.requests: list[tuple[str, str]] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append((request.method, request.url.raw_path.decode()))
-        return self.answer(request)
-
-
-def fake_client(server: Recorder):
-    class FakeClient(KilnClient):
-        def __init__(self, url=None, token=None, timeout=30.0):
-            super().__init__(url or "http://kiln.test", token="unused", timeout=timeout)
-            self._http = client._GuardedHttp(base_url=self.url, transport=httpx.MockTransport(server))
-
-    return FakeClient
 
 
 @pytest.fixture
 def server(monkeypatch):
     """Every client command's KilnClient talks to a recorder that answers an empty JSON object."""
-    recorder = Recorder(lambda request: httpx.Response(200, json={}))
-    for module in (adapters_cmd, jobs_cmd, train_cmd, eval_cmd):
-        monkeypatch.setattr(module, "KilnClient", fake_client(recorder))
-    monkeypatch.delenv("KILN_DEBUG", raising=False)
-    return recorder
+    return serve_commands(monkeypatch, (adapters_cmd, jobs_cmd, train_cmd, eval_cmd),
+                          lambda request: httpx.Response(200, json={}))
 
 
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+_run = run_cli
 
 
 # --- ids and names in paths -----------------------------------------------------------------------

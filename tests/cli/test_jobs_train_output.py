@@ -10,8 +10,7 @@ import httpx
 import pytest
 
 from kiln_project.cli import jobs_cmd, train_cmd
-from kiln_project.cli.main import main
-from tests.cli.test_client_paths import Recorder, fake_client
+from tests.cli.recording_server import run_cli, serve_commands
 
 JOB = "3f1f8c5e-0000-4000-8000-000000000002"
 
@@ -23,17 +22,10 @@ def _job(state: str, **extra) -> dict:
 
 @pytest.fixture
 def server(monkeypatch):
-    recorder = Recorder(lambda request: httpx.Response(200, json=[]))
-    for module in (jobs_cmd, train_cmd):
-        monkeypatch.setattr(module, "KilnClient", fake_client(recorder))
-    monkeypatch.delenv("KILN_DEBUG", raising=False)
-    return recorder
+    return serve_commands(monkeypatch, (jobs_cmd, train_cmd), lambda request: httpx.Response(200, json=[]))
 
 
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+_run = run_cli
 
 
 def test_cancel_follow_of_a_job_that_completed_first_says_so_and_fails(server, capsys):
