@@ -318,8 +318,7 @@ def _rollout(args) -> int:
         environment_reset_options=per_environment, output_path=args.output, replay_output_path=args.replay_output,
         summary_output_path=args.summary_output).check()
     for path in (config.output_path, config.replay_output_path, config.summary_output_path):
-        check_output_path(path)  # before any episode: a device or FIFO is refused, not replaced
-        check_output_folder(path)
+        check_output_path(path)  # before any episode: a device, FIFO or missing folder is refused
     policy = ChatCompletionPolicy(_kiln_post(client), adapter=adapter_name(args.adapter))
     bar, progress = _progress()
     try:
@@ -343,20 +342,6 @@ def _rollout(args) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
-
-
-def check_output_folder(path: Path) -> None:
-    """Before any episode: the output's folder exists and can take a new file (publication writes a
-    temporary file beside the output, then renames it)."""
-    import os
-
-    folder = Path(path).parent
-    if not folder.is_dir():
-        raise CliError("output_folder_not_found", f"the folder {folder} for {path} does not exist",
-                       "create it first, or choose another output path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise CliError("output_folder_not_writable", f"cannot write {path}: the folder {folder} is not writable",
-                       "choose an output path in a folder you can write")
 
 
 def _summary_path(args) -> Path:
@@ -393,21 +378,21 @@ def _given(path: Path | None, what: str) -> Path | None:
 
 def _beside(summary: Path, stored, what: str, flag: str) -> tuple[Path | None, str | None]:
     """The summary's `what` file to check, and a note when it is not a file beside the summary:
-    1. its recorded file name beside the summary (an archived copy of the three, as the README says);
-    2. `<stem>.rollouts.jsonl` / `<stem>.replay.json` beside `<stem>.rollout-summary.json` (or
+    1. `<stem>.rollouts.jsonl` / `<stem>.replay.json` beside `<stem>.rollout-summary.json` (or
        `<stem>.summary.json`): the names downloads and collections give the three files;
+    2. its recorded file name beside the summary (an archived copy of the three, as the README says);
     3. else the recorded path itself (the collecting machine's or the server's copy), said plainly."""
     if not isinstance(stored, str) or not stored:
         return None, None  # verify names the summary's broken field
     recorded = Path(stored)
-    neighbour = summary.parent / recorded.name
-    if neighbour.is_file():
-        return neighbour, None
     stem = _stem(summary)
-    if stem is not None:
+    if stem is not None:  # the summary's own stem is the more specific match: it wins over a stray file
         download = summary.parent / (stem + DOWNLOAD_SUFFIXES[what])
         if download.is_file():
             return download, None
+    neighbour = summary.parent / recorded.name
+    if neighbour.is_file():
+        return neighbour, None
     if recorded.is_file():
         whose = "the server's copy" if "/.openenv/runs/" in recorded.as_posix() else "the copy"
         return recorded, (f"checked {whose} of the {what} at its recorded path {recorded}, not a file beside the "
@@ -446,12 +431,24 @@ def _print_notes(notes: list[str], as_json: bool) -> None:
         print(f"note: {note}", file=sys.stderr if as_json else sys.stdout, flush=True)
 
 
+def _verified(summary: Path, dataset: Path | None, replay: Path | None):
+    """openenv.verify.verify, whose refusal also names the files it checked (they may be ones found
+    beside the summary, not given)."""
+    from openenv.verify import VerificationError, verify
+
+    try:
+        return verify(summary, dataset_path=dataset, replay_path=replay)
+    except VerificationError as exc:
+        checked = ", ".join(f"{what} {path}" for what, path in (("dataset", dataset), ("replay", replay)) if path)
+        raise CliError(exc.code, f"{exc.message} (checked {checked})" if checked else exc.message,
+                       exc.hint) from None
+
+
 def _verify(args) -> int:
-    from openenv.verify import verify
 
     summary, dataset, replay, notes = _artifact_paths(args)
     _print_notes(notes, args.json)
-    report = verify(summary, dataset_path=dataset, replay_path=replay).report
+    report = _verified(summary, dataset, replay).report
     if args.json:
         print_json(report)
     else:
@@ -465,11 +462,10 @@ def _verify(args) -> int:
 def _replay(args) -> int:
     from openenv.client.credentials import credentials_for_urls
     from openenv.replay import replay_async
-    from openenv.verify import verify
 
     summary_path, dataset, replay, notes = _artifact_paths(args)
     _print_notes(notes, args.json)
-    summary = verify(summary_path, dataset_path=dataset, replay_path=replay).summary
+    summary = _verified(summary_path, dataset, replay).summary
     urls = [e["identity"]["base_url"] for e in summary["environments"]]
     credentials = credentials_for_urls(urls, args.credential_env)
     bar, progress = _progress()

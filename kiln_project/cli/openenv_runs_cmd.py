@@ -336,7 +336,7 @@ def retained_note(status: dict) -> str:
     failure = status.get("failure") or {}
     how = f"{state}: {failure['code']} at {failure['stage']}" if failure else state
     tail = ("a new attempt needs a new idempotency_key" if state in TERMINAL
-            else "it is still running; follow it with kiln openenv status RUN --follow")
+            else f"it is still running; follow it with kiln openenv status {run_id} --follow")
     return (f"idempotency key {key!r} already names run {run_id} ({how}); this is that original run, not a "
             f"new one: {tail}")
 
@@ -472,6 +472,7 @@ def download_artifact(client: KilnClient, run_id: str, kind: str, output: Path) 
 
 def _artifact(client: KilnClient, args) -> int:
     output = args.output
+    check_output_path(output)  # a folder or a device is refused as such, before --force is suggested
     if (output.exists() or output.is_symlink()) and not args.force:
         raise CliError("openenv_artifact_output_exists", f"{output} exists", "pass --force to replace it")
     source, actual, size = download_artifact(client, args.run_id, args.kind, output)

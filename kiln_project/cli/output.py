@@ -67,12 +67,23 @@ def follow(fetch, label, *, poll_seconds: float = 0.5) -> dict:
 
 
 def check_output_path(path) -> None:
-    """Refuse, before anything is downloaded, an output that is a device, FIFO, socket or directory:
-    the download is published by renaming over it (core.artifacts.check_replaceable)."""
+    """Refuse, before anything is downloaded or collected, an output that is a device, FIFO, socket or
+    directory (the download is published by renaming over it: core.artifacts.check_replaceable), or
+    whose folder does not exist or cannot take a new file (the temporary file is written beside it)."""
+    import os
+    from pathlib import Path
+
     from core.artifacts import ArtifactError, check_replaceable
     from kiln_project.cli.client import CliError
 
     try:
         check_replaceable(path)
     except ArtifactError as exc:
-        raise CliError("output_not_a_file", str(exc)) from None
+        raise CliError("output_not_a_file", str(exc), "name a file path for the output") from None
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise CliError("output_folder_not_found", f"the folder {folder} for {path} does not exist",
+                       "create it first, or choose another output path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError("output_folder_not_writable", f"cannot write {path}: the folder {folder} is not writable",
+                       "choose an output path in a folder you can write")

@@ -39,7 +39,9 @@ def manifest_entry(run: OpenEnvRun, kind: str) -> dict:
     if entry is None:
         if run.state != RunState.ROLLOUT_READY and run.state != RunState.COMPLETED:
             raise KilnError("openenv_artifact_not_ready", f"run {run.id} is {run.state}; its {kind} is not published",
-                            status=404, hint="wait for the run to reach rollout_ready")
+                            status=404, hint="wait until the run publishes it: a rollout run's artifacts at "
+                                             "rollout_ready, a train run's evaluation files at completed "
+                                             f"(kiln openenv status {run.id} --follow)")
         raise KilnError("openenv_artifact_not_found", f"run {run.id} published no {kind}", status=404,
                         hint="see the run's artifacts list")
     return entry

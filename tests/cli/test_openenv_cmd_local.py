@@ -133,6 +133,17 @@ def test_a_tampered_download_fails_even_though_the_server_copies_are_intact(caps
     code, out, err = _run(capsys, "openenv", "verify", "--summary", str(downloads["summary"]))
     assert code == 1 and out == ""
     assert err.startswith(f"error: openenv_verification_failed: {name}") and len(err.splitlines()) == 1, err
+    assert f"(checked dataset {downloads['dataset']}, replay {downloads['replay']})" in err  # which files it chose
+
+
+def test_the_summarys_own_downloads_win_over_a_stray_file_of_the_recorded_name(capsys, offline, downloads,
+                                                                               server_run):
+    from pathlib import Path
+
+    stray = downloads["summary"].parent / Path(server_run.output_path).name  # e.g. an older rollouts.jsonl
+    stray.write_text('{"not": "this run"}\n')
+    code, out, err = _run(capsys, "openenv", "verify", "--summary", str(downloads["summary"]))
+    assert (code, err) == (0, "") and out.splitlines()[1].split()[-1] == str(downloads["dataset"].resolve())
 
 
 def test_verify_says_when_it_checked_the_server_copies(capsys, offline, downloads, server_run):
