@@ -99,7 +99,7 @@ def _wait_for(ctx, eval_job):
         if eval_job.state in terminal:
             return eval_job
         if ctx.should_stop():
-            job_cancel(job=eval_job)
+            job_cancel(job=eval_job, system=True)
             from core.jobs.runner import JobCancelled
 
             raise JobCancelled()

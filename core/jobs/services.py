@@ -143,15 +143,21 @@ def job_mark_cancelled(*, job: Job, result: dict | None = None) -> bool:
     )
 
 
+def check_owner_or_permitted(*, owner_id, user, what: str, code: str) -> None:
+    """Another user's work may be cancelled or deleted only with jobs.delete_others_jobs (403 `code`):
+    submit_job lets a user cancel their own. Work nobody submitted (anonymous) is anyone's."""
+    if owner_id is not None and owner_id != getattr(user, "id", None) and not (
+            user is not None and user.has_perm("jobs.delete_others_jobs")):
+        raise KilnError(code, f"{what} was submitted by another user", status=403,
+                        hint="ask its submitter, or an administrator, who can grant jobs.delete_others_jobs in /admin/")
+
+
 def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletable") -> Job:
     """Hide a finished job from the API and pages. The row and its events stay (audit), with a
     `deleted` event naming who deleted it; a queued or running job must be cancelled first."""
     who = getattr(user, "username", "") or "anonymous"
-    owner = job.submitted_by_id
-    if owner is not None and owner != getattr(user, "id", None) and not (
-            user is not None and user.has_perm("jobs.delete_others_jobs")):
-        raise KilnError("job_delete_forbidden", f"job {job.uuid} was submitted by another user", status=403,
-                        hint="an administrator can grant jobs.delete_others_jobs in /admin/")
+    check_owner_or_permitted(owner_id=job.submitted_by_id, user=user, what=f"job {job.uuid}",
+                             code="job_delete_forbidden")
     with transaction.atomic():
         updated = Job.objects.filter(id=job.id, state__in=TERMINAL_STATES, deleted_at__isnull=True).update(
             deleted_at=timezone.now())
@@ -165,9 +171,14 @@ def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletab
     return job
 
 
-def job_cancel(*, job: Job, user=None) -> Job:
-    """Cancel a queued job at once, or ask a running one to stop at its next safe boundary."""
-    who = getattr(user, "username", "") or "anonymous"
+def job_cancel(*, job: Job, user=None, system: bool = False) -> Job:
+    """Cancel a queued job at once, or ask a running one to stop at its next safe boundary. `user` must
+    own it or hold jobs.delete_others_jobs (403 job_cancel_forbidden); `system`: Kiln itself cancels
+    (a gate's evaluation whose training went), no user to check."""
+    if not system:
+        check_owner_or_permitted(owner_id=job.submitted_by_id, user=user, what=f"job {job.uuid}",
+                                 code="job_cancel_forbidden")
+    who = getattr(user, "username", "") or ("kiln" if system else "anonymous")
     now = timezone.now()
     with transaction.atomic():
         if Job.objects.filter(id=job.id, state=JobState.QUEUED).update(

@@ -338,6 +338,10 @@ def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
     from core.jobs.models import JobState
     from core.jobs.services import job_cancel
 
+    from core.jobs.services import check_owner_or_permitted
+
+    check_owner_or_permitted(owner_id=run.submitted_by_id, user=user, what=f"run {run.id}",
+                             code="openenv_run_cancel_forbidden")
     who = getattr(user, "username", "") or "anonymous"
     if run.is_terminal:
         raise KilnError("openenv_run_not_cancellable", f"run {run.id} is already {run.state}", status=409,
@@ -353,20 +357,20 @@ def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
             if job is not None:
                 job.refresh_from_db()
                 if not job.is_terminal:
-                    job_cancel(job=job, user=user)
+                    job_cancel(job=job, user=user, system=True)  # the run's own job: checked above
         run_follow(run)
     elif run.state in EVALUATION_STATES:
         run_transition(run, from_states=EVALUATION_STATES, cancel_requested=True)
         job = run.environment_eval_job
         if job is not None and not job.is_terminal:
-            job = job_cancel(job=job, user=user)
+            job = job_cancel(job=job, user=user, system=True)
         if job is None or job.is_terminal:  # cancelled before it started (or orphaned): nothing runs
             run_mark_cancelled(run, reason=f"cancelled by {who} before its environment evaluation ran")
             runs_admit()
     elif run.state in COLLECTION_STATES:
         run_transition(run, from_states=COLLECTION_STATES, cancel_requested=True)
         if run.job is not None and not run.job.is_terminal:
-            job = job_cancel(job=run.job, user=user)
+            job = job_cancel(job=run.job, user=user, system=True)
             if job.state == JobState.CANCELLED:  # its job had not started: nothing is running
                 run_mark_cancelled(run, reason=f"cancelled by {who} before its job started")
                 runs_admit()

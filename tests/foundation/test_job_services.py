@@ -153,3 +153,24 @@ def test_a_failed_jobs_error_always_carries_a_hint():
     services.job_fail(job=other, code="something_new", message="?")
     assert job_error(Job.objects.get(id=other.id)) == {"code": "something_new", "message": "?",
                                                        "hint": "see the job's events (kiln jobs show ID) for what happened"}
+
+
+def test_only_the_submitter_or_a_holder_of_delete_others_jobs_cancels_a_job():
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    users = get_user_model().objects
+    owner, other, admin = (users.create_user(name, password="x" * 12) for name in ("owner", "other", "admin"))
+    admin.user_permissions.add(Permission.objects.get(codename="delete_others_jobs"))
+    admin = users.get(id=admin.id)  # a fresh permission cache
+    queued = services.job_submit(kind="test.steps", payload={}, user=owner)
+    with pytest.raises(KilnError) as refused:
+        services.job_cancel(job=queued, user=other)
+    assert (refused.value.code, refused.value.status) == ("job_cancel_forbidden", 403)
+    queued.refresh_from_db()
+    assert queued.state == "queued" and not queued.cancel_requested  # nothing changed
+    assert services.job_cancel(job=queued, user=admin).state == "cancelled"
+    mine = services.job_submit(kind="test.steps", payload={}, user=owner)
+    assert services.job_cancel(job=mine, user=owner).state == "cancelled"
+    anyones = services.job_submit(kind="test.steps", payload={})  # submitted anonymously
+    assert services.job_cancel(job=anyones, user=other).state == "cancelled"

@@ -245,3 +245,17 @@ def test_the_run_card_shows_the_protocol_code_and_http_status(run):
     assert ('<span class="run-failure-protocol">protocol code <code>FACTORY_ERROR</code></span>' in card
             and '<span class="run-failure-http">HTTP <code>500</code></span>' in card)
     assert "FACTORY_ERROR: broken" in card and DEFAULT_HINTS["environment_protocol_error"].split(";")[0] in card
+
+
+def test_another_users_run_is_not_theirs_to_cancel(api, home):
+    from django.contrib.auth import get_user_model
+
+    response = post_run(api, rollout_body("http://127.0.0.1:9"))
+    run = OpenEnvRun.objects.get(id=response.json()["run_id"])
+    other = get_user_model().objects.create_user("someone-else", password="x" * 12)
+    with pytest.raises(KilnError) as refused:
+        services.run_cancel(run=run, user=other)
+    assert (refused.value.code, refused.value.status) == ("openenv_run_cancel_forbidden", 403)
+    run.refresh_from_db()
+    assert not run.is_terminal and not run.cancel_requested
+    assert services.run_cancel(run=run, user=run.submitted_by).state == RunState.CANCELLED
