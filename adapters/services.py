@@ -183,6 +183,44 @@ def _busy(adapter: Adapter, verb: str) -> KilnError:
                      hint="wait for the training job to finish, or cancel it (kiln jobs cancel ID)")
 
 
+def _refuse_while_promotion_open(name: str) -> None:
+    """A reviewer must not be left deciding on an adapter that is gone: delete it only once its
+    pending or approved promotions are decided and applied (409 adapter_promotion_open)."""
+    from adapters.models import Promotion, PromotionState
+
+    open_ids = list(Promotion.objects.filter(candidate=name, state__in=(PromotionState.PENDING, PromotionState.APPROVED))
+                    .order_by("id").values_list("id", flat=True))
+    if open_ids:
+        raise KilnError("adapter_promotion_open", f"adapter {name!r} is the candidate of open promotion "
+                        f"{', '.join(map(str, open_ids))}", status=409,
+                        hint=f"reject it first (kiln promotions reject {open_ids[0]} --reason ...), or wait for it "
+                             "to be applied")
+
+
+def _check_review_respected(name: str, actor) -> None:
+    """While promotions need approval, an approver's direct load must not undo the review: not a
+    candidate whose latest promotion was rejected, nor one the loader requested and no one else
+    approved yet (unless [promotion] allow_self_approval)."""
+    from adapters.models import Promotion, PromotionState
+    from adapters.promotions import approval_required, self_approval_allowed
+
+    if actor is None or not approval_required():
+        return
+    latest = Promotion.objects.filter(candidate=name).order_by("-id").first()
+    if latest is None:
+        return
+    if latest.state == PromotionState.REJECTED:
+        raise KilnError("adapter_promotion_rejected", f"promotion {latest.id} of {name!r} was rejected; loading it "
+                        "by hand would override that decision", status=409,
+                        hint=f"request a new promotion (kiln adapters activate {name}) for a reviewer to decide")
+    if latest.state == PromotionState.PENDING and latest.requested_by_id == getattr(actor, "id", None) \
+            and not self_approval_allowed():
+        raise KilnError("promotion_self_approval", f"you requested promotion {latest.id} of {name!r}; loading it "
+                        "by hand would approve your own request", status=409,
+                        hint="another reviewer approves it (kiln promotions approve "
+                             f"{latest.id}), or set [promotion] allow_self_approval")
+
+
 def adapter_load(*, name: str, actor=None, allow_quarantined: bool = False, reason: str = "") -> Adapter:
     """Make a published adapter the active one, by hand (POST /v1/adapters/load): the serving canary
     runs first (adapters.activation); a failure quarantines it (500 adapter_load_failed), a quarantined
@@ -197,6 +235,7 @@ def adapter_load(*, name: str, actor=None, allow_quarantined: bool = False, reas
         raise _busy(adapter, "loaded")
     if adapter.loaded:
         return adapter
+    _check_review_respected(name, actor)
     adapter, _ = activate_with_canary(name=name, actor=_actor(actor), reason=reason or "loaded by hand",
                                       allow_quarantined=allow_quarantined)
     return adapter
@@ -249,6 +288,7 @@ def adapter_delete(*, name: str, actor=None, reason: str = "") -> dict:
         if adapter.loaded:
             raise KilnError("adapter_active", f"adapter {name!r} is active; unload it before deleting it",
                             status=409, hint=f"kiln adapters unload {name} (POST /v1/adapters/unload)")
+        _refuse_while_promotion_open(name)
         folders = [p for p in [Path(adapter.path)] if adapter.path and p.is_dir() and _inside_registry(p)]
         folders += adapter_checkpoints(name)
         adapter.delete()

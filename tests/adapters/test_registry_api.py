@@ -216,3 +216,18 @@ def test_malformed_names_are_400_and_unimplemented_routes_501(api, home):
     error(send(api, "post", "/v1/judgments/rubric/explode", {}), 404, "not_found")
     paths = api.get("/v1/openapi.json").json()["paths"]
     assert "/v1/adapters/merge" in paths and "/v1/judgments/{name}/{action}" in paths
+
+
+def test_an_approvers_direct_load_respects_the_review(api, home, peft_adapter, make_client):
+    """With approval required, load by an approver neither approves their own pending request nor
+    overrides a rejection; a candidate of an open promotion is not deleted under its reviewer."""
+    publish(home, peft_adapter, "a1")
+    approver = make_client("approver", can_approve=True)  # two users: approval is required
+    promotion = ok(send(approver, "post", "/v1/promotions", {"candidate": "a1", "reason": "try it"}))
+    assert promotion["state"] == "pending"
+    error(send(approver, "post", "/v1/adapters/load", {"name": "a1"}), 409, "promotion_self_approval")
+    error(send(approver, "delete", "/v1/adapters/a1"), 409, "adapter_promotion_open")
+    ok(send(approver, "post", f"/v1/promotions/{promotion['id']}/reject", {"reason": "not yet"}))
+    error(send(approver, "post", "/v1/adapters/load", {"name": "a1"}), 409, "adapter_promotion_rejected")
+    assert not Adapter.objects.get(name="a1").loaded
+    ok(send(approver, "delete", "/v1/adapters/a1"))  # decided: it may go
