@@ -11,9 +11,12 @@ import sys
 def add_parser(subparsers) -> None:
     user = subparsers.add_parser("user", help="manage users (local)")
     user_sub = user.add_subparsers(dest="user_command", required=True)
-    create = user_sub.add_parser("create", help="create a user who can log in to /ui/")
+    create = user_sub.add_parser("create", help="create a user who can log in to /ui/ and submit and cancel "
+                                                "their own work (jobs.submit_job)")
     create.add_argument("username")
-    create.add_argument("--superuser", action="store_true", help="may use /admin/ and approve promotions")
+    role = create.add_mutually_exclusive_group()
+    role.add_argument("--superuser", action="store_true", help="may use /admin/ and approve promotions")
+    role.add_argument("--viewer", action="store_true", help="may only read: no jobs.submit_job")
     create.add_argument("--approver", action="store_true", help="may approve or reject promotions")
     create.add_argument("--password-env", default="KILN_PASSWORD",
                         help="read the password from this variable instead of prompting")
@@ -58,7 +61,7 @@ def run_user(args) -> int:
         raise CliError("weak_password", "the password must be at least 8 characters")
     try:
         user_create(username=args.username, password=password, superuser=args.superuser,
-                    can_approve=args.approver or args.superuser)
+                    can_submit=not args.viewer, can_approve=args.approver or args.superuser)
     except KilnError as exc:
         raise CliError(exc.code, exc.message, exc.hint) from None
     print(f"created user {args.username}")

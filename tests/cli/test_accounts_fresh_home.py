@@ -64,3 +64,17 @@ def test_without_a_terminal_the_password_is_one_piped_line_and_a_closed_stdin_on
     closed = _kiln_stdin(home, "", "user", "create", "dave")
     assert closed.returncode != 0 and len(closed.stderr.strip().splitlines()) == 1
     assert closed.stderr.startswith("error: input_closed: ")
+
+
+def test_a_viewer_is_created_without_the_submit_permission(tmp_path):
+    home = tmp_path / "fresh"
+    assert _kiln(home, "user", "create", "reader", "--viewer").returncode == 0
+    assert _kiln(home, "user", "create", "writer").returncode == 0
+    [database] = list(home.rglob("*.sqlite3"))
+    with sqlite3.connect(database) as db:
+        rows = db.execute("select u.username, p.codename from auth_user u "
+                          "left join auth_user_user_permissions up on up.user_id = u.id "
+                          "left join auth_permission p on p.id = up.permission_id order by u.username").fetchall()
+    assert rows == [("reader", None), ("writer", "submit_job")]
+    clash = _kiln(home, "user", "create", "both", "--viewer", "--superuser")
+    assert clash.returncode == 2 and "not allowed with argument" in clash.stderr
