@@ -169,6 +169,7 @@ def download_adapter(request, name: str):
                         f"published {adapter.content_sha256}: its files changed after publication", status=409,
                         hint=f"run `kiln adapters verify {name}` to see which file changed; restore it or "
                              "republish the adapter under a new name")
+    selectors.adapter_evidence_checked(adapter=adapter)  # the receipt and manifest travel in the archive too
     response = StreamingHttpResponse(_streamed(request, tar_gz_stream(Path(adapter.path), files, folder=name)),
                                      content_type="application/gzip")
     response["Content-Disposition"] = f'attachment; filename="{name}.tar.gz"'

@@ -102,6 +102,30 @@ def adapter_receipt_checked(*, adapter: Adapter) -> dict | None:
     return receipt
 
 
+def adapter_evidence_checked(*, adapter: Adapter) -> None:
+    """Before a download: the receipt still hashes to what was recorded for it (adapter_receipt_checked),
+    and adapter_manifest.json to the sha256 recorded at publication, its receipt_hash to the receipt's
+    bytes; a changed file is 409 receipt_integrity_failed, never sent inside the archive."""
+    adapter_receipt_checked(adapter=adapter)
+    if not adapter.path or not adapter.manifest_sha256:
+        return
+    folder = Path(adapter.path)
+    try:
+        manifest_data = (folder / MANIFEST_FILE).read_bytes()
+    except OSError:
+        raise _receipt_refused(adapter.name, f"{MANIFEST_FILE}, recorded at publication, is missing") from None
+    if sha256_digest(manifest_data) != adapter.manifest_sha256:
+        raise _receipt_refused(adapter.name, f"{MANIFEST_FILE} no longer hashes to {adapter.manifest_sha256}, "
+                               "recorded at publication")
+    try:
+        receipt_hash = json.loads(manifest_data).get("receipt_hash")
+        receipt_bytes = (folder / RECEIPT_FILE).read_bytes()
+    except (OSError, ValueError, AttributeError):
+        raise _receipt_refused(adapter.name, f"{RECEIPT_FILE}, which {MANIFEST_FILE} binds, cannot be read") from None
+    if receipt_hash != sha256_digest(receipt_bytes):
+        raise _receipt_refused(adapter.name, f"{RECEIPT_FILE} no longer hashes to the receipt_hash of {MANIFEST_FILE}")
+
+
 def adapter_active(*, excluding: str | None = None) -> Adapter | None:
     """The adapter serving now: the most recently published one that is active (None: the base model)."""
     adapters = Adapter.objects.filter(state=AdapterState.PUBLISHED, loaded=True)

@@ -339,6 +339,18 @@ def _carried_evidence(files: dict[str, Path]) -> dict | None:
         raise _integrity_failed(MANIFEST_FILE, f"is not a readable {MANIFEST_SCHEMA} ({exc})") from None
     if manifest.get("schema") != MANIFEST_SCHEMA:
         raise _integrity_failed(MANIFEST_FILE, f"is not a {MANIFEST_SCHEMA}")
+    from adapters.peft_layout import CONFIG_FILE, WEIGHTS_FILE
+
+    unlisted = [name for name in (CONFIG_FILE, WEIGHTS_FILE) if name not in listed]
+    if unlisted:
+        raise _integrity_failed(MANIFEST_FILE, f"does not list {', '.join(unlisted)}: it binds no weights")
+    served = _served_base_model_sha256()
+    if manifest.get("base_model_sha256") and served and manifest["base_model_sha256"] != served:
+        raise _integrity_failed(MANIFEST_FILE, f"names base model {manifest['base_model_sha256']}; this server "
+                                f"serves {served}")
+    if manifest.get("receipt_hash") and RECEIPT_FILE not in files:
+        raise _integrity_failed(MANIFEST_FILE, f"binds a {RECEIPT_FILE} (receipt_hash {manifest['receipt_hash']}) "
+                                "that the archive does not hold")
     for file_name, entry in sorted(listed.items()):
         if file_name in files:
             part = files[file_name]

@@ -181,14 +181,42 @@ def test_a_plain_peft_upload_carries_no_receipt_and_claims_no_lineage(api, home,
                                                "adapter); its lineage is unknown")
 
 
-def test_a_manifest_without_its_receipt_is_checked_but_not_kept(api, home, peft_adapter, tmp_path):
+def test_a_manifest_without_the_receipt_it_binds_is_refused(api, home, peft_adapter, tmp_path):
     source, _ = trained_source(tmp_path, peft_adapter)
-    body = ok(upload(api, "half", folder_archive(source, skip=("train_receipt.json",))))
-    assert body["checked"]["carried_files"] == [] and body["checked"]["ignored_files"] == [MANIFEST_FILE]
-    assert AdapterTransition.objects.get(adapter="half").reason == "uploaded (adapter.tar.gz)"
-    flipped = [file_member("adapter_model.safetensors", _flip((source / "adapter_model.safetensors").read_bytes()))]
-    data = folder_archive(source, skip=("train_receipt.json", "adapter_model.safetensors"), extra=flipped)
-    assert "adapter_model.safetensors has " in error(upload(api, "bad", data), 400, "adapter_archive_integrity_failed")
+    message = error(upload(api, "half", folder_archive(source, skip=("train_receipt.json",))), 400,
+                    "adapter_archive_integrity_failed")
+    assert "binds a train_receipt.json" in message and "does not hold" in message
+    assert not Adapter.objects.filter(name="half").exists()
+
+
+def test_a_manifest_that_binds_no_weights_or_another_base_model_is_refused(api, home, peft_adapter, tmp_path,
+                                                                          monkeypatch):
+    from adapters import services
+
+    publish(home, trained_source(tmp_path, peft_adapter)[0], "math-r001")
+    archive = _download(api, "math-r001")
+    no_files = _rewrite(archive, MANIFEST_FILE, lambda b: json.dumps({**json.loads(b), "files": []}).encode())
+    assert "does not list adapter_config.json, adapter_model.safetensors" in error(
+        upload(api, "empty-list", no_files), 400, "adapter_archive_integrity_failed")
+    monkeypatch.setattr(services, "_served_base_model_sha256", lambda: "sha256:" + "9" * 64)
+    message = error(upload(api, "other-base", archive), 400, "adapter_archive_integrity_failed")
+    assert f"names base model {BASE_MODEL}" in message and "9" * 64 in message
+    assert not Adapter.objects.filter(name__in=("empty-list", "other-base")).exists()
+
+
+def test_a_download_refuses_an_edited_receipt_or_manifest(api, home, peft_adapter, tmp_path):
+    publish(home, trained_source(tmp_path, peft_adapter)[0], "math-r001")
+    _download(api, "math-r001")  # intact: served
+    folder = home / "adapters" / "math-r001"
+    receipt = folder / "train_receipt.json"
+    original = receipt.read_bytes()
+    receipt.write_bytes(original + b" ")  # the same JSON, other bytes: the manifest's receipt_hash no longer holds
+    assert "receipt_hash" in error(api.get("/v1/adapters/math-r001/download"), 409, "receipt_integrity_failed")
+    receipt.write_bytes(original)
+    manifest = folder / MANIFEST_FILE
+    manifest.write_bytes(manifest.read_bytes().replace(b'"job-1"', b'"job-2"'))
+    assert "recorded at publication" in error(api.get("/v1/adapters/math-r001/download"), 409,
+                                              "receipt_integrity_failed")
 
 
 def test_a_name_reused_after_a_delete_shows_none_of_the_old_receipts(api, home, peft_adapter):
