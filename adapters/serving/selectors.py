@@ -57,14 +57,20 @@ def resident_adapters() -> set[str]:
 
 
 def require_servable_adapter(name: str | None) -> None:
-    """409 `adapter_quarantined` for a named adapter whose serving canary failed: it is not served
-    (its bytes may have changed, or it does not load) until an operator loads it again anyway."""
+    """404 `adapter_not_found` for a name the registry has not published; 409 `adapter_quarantined` for a
+    named adapter whose serving canary failed: it is not served (its bytes may have changed, or it does
+    not load) until an operator loads it again anyway."""
     if name in (None, "", "base"):
         return
-    from adapters.models import Adapter
+    from adapters.models import Adapter, AdapterState
 
-    adapter = Adapter.objects.filter(name=name).only("quarantined", "loaded").first()
-    if adapter is not None and adapter.quarantined and not adapter.loaded:
+    adapter = Adapter.objects.filter(name=name).only("quarantined", "loaded", "state", "path").first()
+    if adapter is None or adapter.state != AdapterState.PUBLISHED or not adapter.path:
+        # Known before anything is queued: a stream answers 404 too, not 200 and then an error event.
+        raise KilnError("adapter_not_found", f"no published adapter is named {name!r}", status=404,
+                        hint="list published adapters with GET /v1/adapters; leave adapter out for the active one, "
+                             "or send \"base\" for the base model")
+    if adapter.quarantined and not adapter.loaded:
         raise KilnError(
             "adapter_quarantined",
             f"adapter {name!r} is quarantined: its serving canary failed, so it is not served",

@@ -231,3 +231,12 @@ def test_an_approvers_direct_load_respects_the_review(api, home, peft_adapter, m
     error(send(approver, "post", "/v1/adapters/load", {"name": "a1"}), 409, "adapter_promotion_rejected")
     assert not Adapter.objects.get(name="a1").loaded
     ok(send(approver, "delete", "/v1/adapters/a1"))  # decided: it may go
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_completion_for_an_unpublished_adapter_is_404_before_anything_streams(api, home, stream):
+    response = send(api, "post", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                          "adapter": "never-published", "stream": stream})
+    assert response["Content-Type"].startswith("application/json")
+    assert "GET /v1/adapters" in response.json()["error"]["hint"]
+    error(response, 404, "adapter_not_found")

@@ -428,10 +428,13 @@ def test_sync_client_sends_the_validated_body_and_returns_the_response(transport
 
 def test_sync_client_raises_the_workers_error_and_refuses_bad_bodies(transport):
     sync_client, fake, sent, answers = transport
-    answers["events"] = [{"type": "error", "code": "adapter_not_found", "message": "no adapter x", "status": 404}]
+    answers["events"] = [{"type": "error", "code": "generation_failed", "message": "decoding failed", "status": 500}]
     with pytest.raises(KilnError) as caught:
+        sync_client.chat_completion_sync(dict(BODY), timeout=30)
+    assert (caught.value.code, caught.value.status, caught.value.message) == ("generation_failed", 500, "decoding failed")
+    with pytest.raises(KilnError) as caught:  # an adapter the registry never published: refused before sending
         sync_client.chat_completion_sync({**BODY, "adapter": "x"}, timeout=30)
-    assert (caught.value.code, caught.value.status, caught.value.message) == ("adapter_not_found", 404, "no adapter x")
+    assert (caught.value.code, caught.value.status) == ("adapter_not_found", 404)
     for body, code in [({**BODY, "temperature": 9}, "validation_error"), ({**BODY, "n": 99}, "n_too_large"),
                        ({**BODY, "max_tokens": 10**6}, "max_tokens_too_large"), ({**BODY, "stream": True},
                                                                                    "stream_unsupported")]:
