@@ -33,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         """One line, like every other CLI error (argparse prints the whole usage block first)."""
-        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"error: usage_error: {self.prog}: {message} (hint: see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,8 +17,8 @@ def test_an_abbreviated_option_is_refused_not_taken_for_a_longer_one(capsys):
         build_parser().parse_args(["openenv", "train", "--environment", "http://127.0.0.1:1",
                                    "--output-adapter", "real-name", "--output-ad", "abbrev-name"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == ("error: kiln: unrecognized arguments: --output-ad "
-                                       "(see kiln --help)\n")
+    assert capsys.readouterr().err == ("error: usage_error: kiln: unrecognized arguments: --output-ad "
+                                       "(hint: see kiln --help)\n")
     # `--output` is its own flag (the collected episodes' copy, as on rollout), never the adapter's name
     args = build_parser().parse_args(["openenv", "train", "--environment", "http://127.0.0.1:1",
                                       "--output-adapter", "real-name", "--output", "mine.jsonl"])
@@ -51,10 +51,11 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["openenv", "rollout", "--thinking", "maybe"], "error: kiln openenv rollout: argument --thinking: "),
+    (["openenv", "rollout", "--thinking", "maybe"], "error: usage_error: kiln openenv rollout: argument --thinking: "),
     (["openenv", "train", "--environment", "http://127.0.0.1:1"],
-     "error: kiln openenv train: the following arguments are required: --output-adapter"),
-    (["nope"], "error: kiln: argument command: invalid choice: 'nope'"),
+     "error: usage_error: kiln openenv train: the following arguments are required: --output-adapter"),
+    (["nope"], "error: usage_error: kiln: argument command: invalid choice: 'nope'"),
+    (["promotions", "approve", "1"], "error: usage_error: kiln promotions approve: the following arguments are required"),
 ])
 def test_a_usage_error_is_one_line_and_exit_2(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
