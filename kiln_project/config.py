@@ -209,12 +209,12 @@ def _parse_int(name: str, value, minimum: int = 0, maximum: int | None = None, t
 
 def _int_setting(env: dict, variable: str, table: dict, where: str, key: str, default: int,
                  minimum: int, maximum: int | None = None) -> int:
-    """The variable (when set and not empty) wins over the kiln.toml key; neither: the default."""
+    """The variable (when set and not empty) wins over the kiln.toml key; neither: the default. The key
+    is checked even when the variable wins: a bad file must not wait unnoticed until the variable goes."""
+    in_file = _parse_int(f"{where} {key}", table[key], minimum, maximum, text=False) if key in table else default
     if env.get(variable, "").strip():
         return _parse_int(variable, env[variable], minimum, maximum)
-    if key in table:
-        return _parse_int(f"{where} {key}", table[key], minimum, maximum, text=False)
-    return default
+    return in_file
 
 
 def _toml_bool(table: dict, where: str, key: str, default):
@@ -229,9 +229,15 @@ def _toml_bool(table: dict, where: str, key: str, default):
 def _bool_setting(env: dict, variable: str, table: dict, where: str, key: str, default):
     """The variable (1/0, true/false, yes/no, on/off) wins over the kiln.toml key, which must be a TOML
     boolean (`"false"`, a string, is refused: it would read as true); neither: the default."""
+    in_file = _toml_bool(table, where, key, default)  # checked even when the variable wins
     if variable in env:
         return _parse_bool(variable, env[variable])
-    return _toml_bool(table, where, key, default)
+    return in_file
+
+
+def _first(*values):
+    """The first value that is set (every argument is evaluated first: each one's checks run)."""
+    return next((value for value in values if value), None)
 
 
 def _toml_string(table: dict, where: str, key: str) -> str | None:
@@ -349,7 +355,7 @@ def _load(env: dict, config_file: Path | None) -> KilnConfig:
         home=home_path,
         model_path=model_path,
         serving_profile=profile,
-        host=env.get("KILN_HOST") or _toml_string(server_toml, "[server]", "host") or DEFAULT_HOST,
+        host=_first(env.get("KILN_HOST"), _toml_string(server_toml, "[server]", "host")) or DEFAULT_HOST,
         port=_int_setting(env, "KILN_PORT", server_toml, "[server]", "port", DEFAULT_PORT, 1, 65535),
         database_url=env.get("DATABASE_URL") or None,
         redis_url=env.get("KILN_REDIS_URL") or None,

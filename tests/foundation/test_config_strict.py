@@ -173,3 +173,15 @@ def test_a_dataset_root_that_does_not_exist_is_refused_by_name(tmp_path, monkeyp
         load_config({"KILN_HOME": str(tmp_path), "KILN_DATASET_ROOTS": f"{tmp_path}:/nonexistent/kiln-roots"})
     config = load_config({"KILN_HOME": str(tmp_path), "KILN_DATASET_ROOTS": f"{tmp_path}"})
     assert config.extra_dataset_roots == (tmp_path / "no-toml", tmp_path)
+
+
+@pytest.mark.parametrize("toml, env, words", [
+    ("[server]\nport = 0\n", {"KILN_PORT": "8537"}, "[server] port"),
+    ("[server]\nport = 8533.7\n", {"KILN_PORT": "8537"}, "[server] port"),
+    ('[server]\nallow_anonymous_api = "false"\n', {"KILN_ALLOW_ANONYMOUS_API": "0"}, "[server] allow_anonymous_api"),
+    ("[server]\nmax_request_bytes = 0\n", {"KILN_MAX_REQUEST_BYTES": "9000000"}, "[server] max_request_bytes"),
+    ("[server]\nhost = 5\n", {"KILN_HOST": "127.0.0.1"}, "[server] host"),
+])
+def test_a_bad_key_is_refused_even_while_a_variable_overrides_it(tmp_path, toml, env, words):
+    # the file is wrong whichever value wins now; it must not wait unnoticed until the variable goes
+    assert words in _refused(tmp_path, toml, **env)
