@@ -66,6 +66,9 @@ def _print_figures(evidence: dict) -> None:
     if kl:
         print(f"KL to reference: {_g(kl.get('value'))} nats/token ({kl.get('statistic')}, {kl.get('source')}; "
               f"bound {_g(bounds.get('max_kl_to_reference'))})")
+        if isinstance(kl.get("value"), int | float) and kl["value"] < 0:
+            print("  a signed k1 estimate: below zero, the policy moved away from the tokens it trained on, which "
+                  "the bound does not measure; read the held-out lengths and samples")
     clip = ((evidence.get("policy_audit") or {}).get("clip")) or {}
     if clip.get("outside_fraction") is not None:
         print(f"clipped ratios: {_g(clip['outside_fraction'])} of {clip.get('ratio_observations')} "

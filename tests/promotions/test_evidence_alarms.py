@@ -368,3 +368,15 @@ def test_samples_are_truncated(home):
     from adapters.promotion_heldout import _clip
 
     assert _clip("x" * 1000) == "x" * (SAMPLE_CHARS - 1) + "…" and _clip("short") == "short" and _clip(None) is None
+
+
+def test_a_negative_kl_figure_is_said_to_be_a_signed_estimate(capsys):
+    from kiln_project.cli.promotions_cmd import _print_figures
+
+    _print_figures({"kl_to_reference": {"value": -0.67, "statistic": "last_quarter_mean", "source": "s"},
+                    "alarm_bounds": {"max_kl_to_reference": 0.5}})
+    shown = capsys.readouterr().out
+    assert "KL to reference: -0.67" in shown and "a signed k1 estimate" in shown
+    _print_figures({"kl_to_reference": {"value": 0.2, "statistic": "last_quarter_mean", "source": "s"},
+                    "alarm_bounds": {"max_kl_to_reference": 0.5}})
+    assert "signed" not in capsys.readouterr().out
