@@ -124,8 +124,23 @@ def _training_label(status: dict) -> str:
 
 
 def follow_training(client: KilnClient, job_id: str) -> dict:
+    """Follow the training, then, when it completed with a post_eval, its held-out gate until it decides:
+    the guide's wait is for the adapter and its evaluation outcome, not for the training alone."""
     path = api_path("/v1/train/status", job_id)
-    return follow(lambda: client.get(path), _training_label)
+    status = follow(lambda: client.get(path), _training_label)
+    if status["state"] != "completed" or status.get("gate_outcome"):
+        return status
+    if not client.get(api_path("/v1/train/jobs", job_id)).get("post_eval"):
+        return status
+
+    def gate_status() -> dict:
+        latest = client.get(path)
+        # the training is done; what is followed now is the gate (its outcome ends the follow)
+        return {**latest, "state": "completed" if latest.get("gate_outcome") else "evaluating",
+                "progress": 1.0 if latest.get("gate_outcome") else 0.0}
+
+    return {**follow(gate_status, lambda s: f"post-eval gate: {s.get('gate_outcome') or 'pending'}", poll_seconds=1.0),
+            "state": "completed"}
 
 
 def _when(value) -> str:

@@ -105,3 +105,30 @@ def test_train_status_table_shows_dashes_for_none(server, capsys):
     code, out, _ = _run(capsys, "train", "status")
     assert code == 0 and "None" not in out
     assert out.splitlines()[1].split() == [JOB, "queued", "0%", "-", "a", "-"]
+
+
+def test_train_status_follow_waits_for_the_post_eval_gate(server, capsys, monkeypatch):
+    """The guide waits for the adapter and its evaluation outcome: --follow goes on after the training
+    completes until the gate has decided."""
+    import time
+
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # follow's polling pause
+    statuses = iter([
+        {"job_id": JOB, "state": "completed", "progress": 1.0, "adapter_name": "a-r1", "gate_outcome": None,
+         "post_eval_verdict": None},
+        {"job_id": JOB, "state": "completed", "progress": 1.0, "adapter_name": "a-r1", "gate_outcome": None,
+         "post_eval_verdict": "post-eval pending: the adapter stays inactive until the gate decides"},
+        {"job_id": JOB, "state": "completed", "progress": 1.0, "adapter_name": "a-r1", "gate_outcome": "promoted",
+         "post_eval_verdict": "passed"},
+    ])
+
+    def answer(request):
+        if request.url.path.startswith("/v1/train/jobs/"):
+            return httpx.Response(200, json={"job_id": JOB, "post_eval": {"suite": "held-out", "min_accuracy": 0.5}})
+        return httpx.Response(200, json=next(statuses))
+
+    server.answer = answer
+    code, out, _ = _run(capsys, "train", "status", "--job-id", JOB, "--follow")
+    assert code == 0
+    assert out.splitlines()[0] == f"{JOB}  completed  adapter a-r1  gate promoted"
+    assert [path for _, path in server.requests].count(f"/v1/train/status/{JOB}") == 3
