@@ -1,7 +1,7 @@
 """The /v1/chat/completions request as Kiln accepts it: OpenAI fields plus Kiln's own.
 
 Fields the command owns or Kiln does not support are refused with a clear message instead of being
-silently ignored (tools, response_format, logit_bias). Unknown extra fields are ignored, as OpenAI
+silently ignored (tools, response_format, logit_bias, logprobs, top_logprobs). Unknown extra fields are ignored, as OpenAI
 clients send some of their own.
 """
 
@@ -91,6 +91,8 @@ class ChatCompletionRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
     @field_validator("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
     @classmethod
@@ -115,6 +117,10 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("response_format other than text is not supported")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
+        if self.logprobs or self.top_logprobs:
+            # refused, not answered with logprobs: null (a client would take that for none computed)
+            raise ValueError("logprobs and top_logprobs are not supported; rollout_provenance: true returns each "
+                             "sampled token's log-probability")
         for budget in ("thinking_budget_tokens", "thinking_budget_ms"):
             if getattr(self, budget) is not None and not self.chat_template_kwargs.enable_thinking:
                 raise ValueError(f"{budget} needs chat_template_kwargs.enable_thinking = true")

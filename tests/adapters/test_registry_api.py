@@ -240,3 +240,16 @@ def test_a_completion_for_an_unpublished_adapter_is_404_before_anything_streams(
     assert response["Content-Type"].startswith("application/json")
     assert "GET /v1/adapters" in response.json()["error"]["hint"]
     error(response, 404, "adapter_not_found")
+
+
+@pytest.mark.parametrize("unsupported", [{"logprobs": True}, {"top_logprobs": 2}, {"tools": [{"type": "function"}]},
+                                         {"logit_bias": {"1": 2.0}}])
+def test_unsupported_openai_fields_are_refused_not_silently_dropped(api, home, unsupported):
+    body = {"messages": [{"role": "user", "content": "hi"}], **unsupported}
+    message = error(send(api, "post", "/v1/chat/completions", body), 422, "validation_error")
+    assert next(iter(unsupported)) in message
+
+
+def test_logprobs_false_is_accepted(api, home):
+    body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": False, "top_logprobs": 0}
+    assert send(api, "post", "/v1/chat/completions", body).status_code != 422  # passes validation
