@@ -14,23 +14,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.artifacts import HomeLayout
+from kiln_project.config_values import ConfigError, _bool_setting, _first, _int_setting, _kind, _toml_string
 
 SERVING_PROFILES = ("stable", "maintenance", "experimental")
 DEFAULT_PORT = 8420
 DEFAULT_HOST = "127.0.0.1"
-
-
-class ConfigError(ValueError):
-    """The configuration file or an environment variable holds a value Kiln cannot use.
-
-    The message names the key (`[server] port`) or the variable (`KILN_PORT`); `code` is the stable
-    error code the CLI prints, `hint` says where the setting lives (load_config fills it in)."""
-
-    code = "invalid_config"
-
-    def __init__(self, message: str, hint: str = ""):
-        super().__init__(message)
-        self.message, self.hint = message, hint
 
 
 # The KILN_KERNELS modes (gpu_runtime.kernels.selection.MODES; a test keeps the two equal). The web
@@ -157,96 +145,6 @@ def _redact_url(url: str) -> str:
         scheme, rest = url.split("://", 1)
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
     return url
-
-
-def _kind(value) -> str:
-    """What a kiln.toml value is, in words (for a refusal)."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a table"
-    return f"a {type(value).__name__}"
-
-
-def _parse_bool(name: str, value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(f"{name} must be true or false, not {value!r}")
-
-
-def _range_words(minimum: int, maximum: int | None) -> str:
-    return f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
-
-
-def _parse_int(name: str, value, minimum: int = 0, maximum: int | None = None, text: bool = True) -> int:
-    """An integer from an environment variable (`text`) or kiln.toml (a TOML integer: not a boolean, not
-    a float, not a string), within [minimum, maximum]. `name` is the variable or `[section] key`."""
-    if text and isinstance(value, str):
-        try:
-            number = int(value.strip())
-        except ValueError:
-            raise ConfigError(f"{name} must be an integer {_range_words(minimum, maximum)}, not {value!r}") from None
-    elif isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    else:
-        raise ConfigError(f"{name} must be an integer {_range_words(minimum, maximum)}, "
-                          f"not {value!r} ({_kind(value)})")
-    if number < minimum or (maximum is not None and number > maximum):
-        raise ConfigError(f"{name} must be an integer {_range_words(minimum, maximum)}, not {number}")
-    return number
-
-
-def _int_setting(env: dict, variable: str, table: dict, where: str, key: str, default: int,
-                 minimum: int, maximum: int | None = None) -> int:
-    """The variable (when set and not empty) wins over the kiln.toml key; neither: the default. The key
-    is checked even when the variable wins: a bad file must not wait unnoticed until the variable goes."""
-    in_file = _parse_int(f"{where} {key}", table[key], minimum, maximum, text=False) if key in table else default
-    if env.get(variable, "").strip():
-        return _parse_int(variable, env[variable], minimum, maximum)
-    return in_file
-
-
-def _toml_bool(table: dict, where: str, key: str, default):
-    if key not in table:
-        return default
-    value = table[key]
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where} {key} must be true or false, not {value!r} ({_kind(value)})")
-    return value
-
-
-def _bool_setting(env: dict, variable: str, table: dict, where: str, key: str, default):
-    """The variable (1/0, true/false, yes/no, on/off) wins over the kiln.toml key, which must be a TOML
-    boolean (`"false"`, a string, is refused: it would read as true); neither: the default."""
-    in_file = _toml_bool(table, where, key, default)  # checked even when the variable wins
-    if variable in env:
-        return _parse_bool(variable, env[variable])
-    return in_file
-
-
-def _first(*values):
-    """The first value that is set (every argument is evaluated first: each one's checks run)."""
-    return next((value for value in values if value), None)
-
-
-def _toml_string(table: dict, where: str, key: str) -> str | None:
-    if key not in table:
-        return None
-    value = table[key]
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where} {key} must be a non-empty string, not {value!r} ({_kind(value)})")
-    return value
 
 
 def _find_config_file(env: dict) -> Path | None:
