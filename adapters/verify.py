@@ -117,6 +117,12 @@ def unchecked(link: str, detail: str) -> LinkResult:
     return LinkResult(link, True, f"not checkable here: {detail}", checked=False)
 
 
+def uploaded_elsewhere(chain: Chain, what: str) -> str:
+    """Why an uploaded adapter's link is not checkable here (unchecked's detail)."""
+    carried = "carried receipt" if chain.carried_receipt else "carries no receipt: a plain PEFT adapter"
+    return f"uploaded ({carried}); {what}"
+
+
 def digest_check(link: str, what: str, expected, actual) -> LinkResult:
     if expected == actual:
         return ok(link, f"{what} matches {actual}", expected, actual)

@@ -4,7 +4,6 @@ how links are registered). Apps above `adapters` add theirs in their own `verify
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from adapters.models import Adapter, AdapterState
 from adapters.verify import (
@@ -16,10 +15,11 @@ from adapters.verify import (
     register_link,
     row_intact,
     unchecked,
+    uploaded_elsewhere,
     verify_adapter,
 )
+from adapters.verify_manifest import manifest_file_link
 from core.canonical import json_digest, sha256_digest
-from core.content_identity import file_sha256
 from core.models import Receipt, ReceiptKind
 
 
@@ -47,16 +47,10 @@ def _adapter_bytes(chain: Chain):
                         actual)
 
 
-def _elsewhere(chain: Chain, what: str) -> str:
-    """Why an uploaded adapter's link is not checkable here (unchecked's detail)."""
-    carried = "carried receipt" if chain.carried_receipt else "carries no receipt: a plain PEFT adapter"
-    return f"uploaded ({carried}); {what}"
-
-
 @register_link("training.job")
 def _training_job(chain: Chain):
     if chain.uploaded:
-        return unchecked("training.job", _elsewhere(chain, "its training job ran on the machine that trained it"))
+        return unchecked("training.job", uploaded_elsewhere(chain, "its training job ran on the machine that trained it"))
     job = chain.training_job
     if job is None:
         produced = chain.adapter.training_job
@@ -70,7 +64,7 @@ def _training_job(chain: Chain):
 @register_link("train_receipt.row")
 def _train_row(chain: Chain):
     if chain.uploaded:
-        return unchecked("train_receipt.row", _elsewhere(chain, "its receipt row is on the machine that trained it"))
+        return unchecked("train_receipt.row", uploaded_elsewhere(chain, "its receipt row is on the machine that trained it"))
     row = chain.train_row
     if chain.training_job is None:
         return broken("train_receipt.row", "no training job, so no train receipt row")
@@ -92,7 +86,7 @@ def _train_row(chain: Chain):
 def _train_file(chain: Chain):
     path = chain.folder / "train_receipt.json"
     if chain.uploaded:
-        return unchecked("train_receipt.file", _elsewhere(chain, "no receipt row here to hash it against (its "
+        return unchecked("train_receipt.file", uploaded_elsewhere(chain, "no receipt row here to hash it against (its "
                          "bytes are bound by adapter_manifest.json's receipt_hash)"))
     expected = chain.train_row.sha256 if chain.train_row is not None else None
     try:
@@ -108,7 +102,7 @@ def _train_file(chain: Chain):
 def _train_output(chain: Chain):
     receipt = chain.carried_receipt if chain.uploaded else chain.receipt
     if chain.uploaded and not receipt:
-        return unchecked("train_receipt.output", _elsewhere(chain, "no receipt names its files"))
+        return unchecked("train_receipt.output", uploaded_elsewhere(chain, "no receipt names its files"))
     output = (receipt.get("adapters") or {}).get("output") or {}
     if not output:
         return broken("train_receipt.output", "the train receipt has no adapters.output block")
@@ -125,86 +119,8 @@ def _train_output(chain: Chain):
               chain.content_sha256)
 
 
-def _manifest_expectations(chain: Chain) -> dict:
-    """What adapter_manifest.json's own fields must say: the registry row, the training job and its
-    receipt row for a trained adapter; for an upload, the receipt it carried (nothing without one)."""
-    if chain.uploaded:
-        receipt = chain.carried_receipt
-        return {"adapter_name": receipt.get("adapter_name"),
-                "base_model_sha256": (receipt.get("model") or {}).get("base_model_sha256"),
-                "admitted_corpus_sha256": (receipt.get("training_data") or {}).get("sha256")} if receipt else {}
-    job = chain.training_job or chain.adapter.training_job
-    return {"adapter_name": chain.name, "base_model_sha256": chain.adapter.base_model_sha256,
-            "training_job_id": str(job.uuid) if job else None,
-            "admitted_corpus_sha256": (chain.payload.get("training_data") or {}).get("admitted_corpus_sha256")}
-
-
-def _manifest_files(chain: Chain, manifest: dict):
-    """files[]: each listed file is in the folder with that size and sha256 (None: all match)."""
-    from adapters.manifest import MANIFEST_FILE
-
-    entries = manifest.get("files")
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        return broken("adapter_manifest.file", f"{MANIFEST_FILE} has no files list")
-    for entry in entries:
-        name = entry.get("file")
-        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-            return broken("adapter_manifest.file", f"{MANIFEST_FILE} lists {name!r}, not a file of an adapter folder")
-        path = chain.folder / name
-        if not path.is_file():
-            return broken("adapter_manifest.file", f"{MANIFEST_FILE} lists {name}, which is missing", entry, None)
-        actual = {"file": name, "size": path.stat().st_size, "sha256": file_sha256(path)}
-        if actual != {"file": name, "size": entry.get("size"), "sha256": entry.get("sha256")}:
-            return broken("adapter_manifest.file", f"{name} has {actual['size']} bytes hashing to {actual['sha256']}; "
-                          f"{MANIFEST_FILE} lists {entry.get('size')} bytes, {entry.get('sha256')}", entry, actual)
-    return None
-
-
-@register_link("adapter_manifest.file")
-def _manifest_file(chain: Chain):
-    from adapters.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
-
-    link = "adapter_manifest.file"
-    path = chain.folder / MANIFEST_FILE
-    recorded = chain.origin["manifest_sha256"]  # the manifest's sha256 recorded when the adapter was published
-    if not path.exists() and not path.is_symlink():
-        if recorded:
-            return broken(link, f"{path} is missing; the adapter was published with one ({recorded})", recorded, None)
-        if chain.uploaded:
-            return unchecked(link, _elsewhere(chain, f"no {MANIFEST_FILE}: only its bytes are checked"))
-        return ok(link, f"no {MANIFEST_FILE} (published before manifests); the receipt row and file carry the chain")
-    try:
-        data = path.read_bytes()
-        manifest = json.loads(data)
-    except (OSError, ValueError) as exc:
-        return broken(link, f"{path} cannot be read: {exc}")
-    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
-        return broken(link, f"{path} is not a {MANIFEST_SCHEMA}")
-    files_broken = _manifest_files(chain, manifest)
-    if files_broken is not None:
-        return files_broken
-    if manifest.get("content_sha256") != chain.content_sha256:
-        return broken(link, f"{MANIFEST_FILE} names content {manifest.get('content_sha256')}, the folder's files hash "
-                      f"to {chain.content_sha256}", manifest.get("content_sha256"), chain.content_sha256)
-    receipt_path = chain.folder / "train_receipt.json"
-    try:
-        receipt_hash = sha256_digest(receipt_path.read_bytes())
-    except OSError as exc:
-        return broken(link, f"{receipt_path.name}, whose bytes {MANIFEST_FILE}'s receipt_hash binds, cannot be read: "
-                      f"{exc.strerror or exc}", manifest.get("receipt_hash"), None)
-    if manifest.get("receipt_hash") != receipt_hash:
-        return broken(link, f"{MANIFEST_FILE}'s receipt_hash is {manifest.get('receipt_hash')}, "
-                      f"train_receipt.json hashes to {receipt_hash}", manifest.get("receipt_hash"), receipt_hash)
-    for key, expected in _manifest_expectations(chain).items():
-        if (manifest.get(key) or None) != (expected or None):
-            return broken(link, f"{MANIFEST_FILE}'s {key} is {manifest.get(key)!r}, expected {expected!r}",
-                          expected or None, manifest.get(key))
-    if recorded and sha256_digest(data) != recorded:
-        return broken(link, f"{MANIFEST_FILE} hashes to {sha256_digest(data)}, not the one recorded at publication",
-                      recorded, sha256_digest(data))
-    origin = f" (carried from {manifest.get('adapter_name')!r})" if chain.uploaded else ""
-    return ok(link, f"{MANIFEST_FILE}{origin} binds these files to train_receipt.json ({receipt_hash})",
-              receipt_hash, receipt_hash)
+# adapter_manifest.json: its own module (adapters/verify_manifest.py), registered here to keep the order
+register_link("adapter_manifest.file")(manifest_file_link)
 
 
 LINEAGE_KEYS = ("dataset", "split", "dataset_corpus_sha256", "split_manifest_sha256")
@@ -213,7 +129,7 @@ LINEAGE_KEYS = ("dataset", "split", "dataset_corpus_sha256", "split_manifest_sha
 @register_link("corpus.snapshot")
 def _corpus_snapshot(chain: Chain):
     if chain.uploaded:
-        return unchecked("corpus.snapshot", _elsewhere(chain, "the admitted corpus was pinned on the machine that "
+        return unchecked("corpus.snapshot", uploaded_elsewhere(chain, "the admitted corpus was pinned on the machine that "
                                                               "trained it"))
     data = chain.payload.get("training_data") or {}
     admitted = data.get("admitted_corpus_sha256")
@@ -251,7 +167,7 @@ def _corpus_provenance(chain: Chain):
     from core.contracts.recorded import RecordedDrift, check_recorded_corpus, completions_of
 
     if chain.uploaded:
-        return unchecked("corpus.provenance", _elsewhere(chain, "its corpus is not here"))
+        return unchecked("corpus.provenance", uploaded_elsewhere(chain, "its corpus is not here"))
     groups = chain.snapshot_groups
     if groups is None:
         return broken("corpus.provenance", "cannot be checked: the pinned snapshot is unavailable")
@@ -293,7 +209,7 @@ def _base_adapter(chain: Chain):
     if chain.uploaded:  # what it was trained from is the carried receipt's claim, not something seen here
         base = ((chain.carried_receipt.get("adapters") or {}).get("base") or {}).get("name")
         claim = f"the carried receipt names base adapter {base!r}" if base else "the carried receipt names none"
-        return unchecked("base_adapter", _elsewhere(chain, f"its lineage cannot be verified ({claim})"
+        return unchecked("base_adapter", uploaded_elsewhere(chain, f"its lineage cannot be verified ({claim})"
                                                     if chain.carried_receipt else "its lineage is unknown"))
     parent = (chain.payload.get("config") or {}).get("base_adapter") or chain.adapter.base_adapter
     base = (chain.receipt.get("adapters") or {}).get("base")
