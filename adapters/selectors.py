@@ -67,15 +67,32 @@ def _receipt_refused(name: str, detail: str) -> KilnError:
                           "republish the adapter")
 
 
+def _check_recorded_manifest(adapter: Adapter, receipt_bytes: bytes) -> None:
+    """adapter_manifest.json still hashes to the sha256 recorded at publication, and its receipt_hash to
+    `receipt_bytes` (train_receipt.json as it is now). Refused: 409 receipt_integrity_failed."""
+    try:
+        manifest_data = (Path(adapter.path) / MANIFEST_FILE).read_bytes()
+    except OSError:
+        raise _receipt_refused(adapter.name, f"{MANIFEST_FILE}, recorded at publication, is missing") from None
+    if sha256_digest(manifest_data) != adapter.manifest_sha256:
+        raise _receipt_refused(adapter.name, f"{MANIFEST_FILE} no longer hashes to {adapter.manifest_sha256}, "
+                               "recorded at publication")
+    try:
+        receipt_hash = json.loads(manifest_data).get("receipt_hash")
+    except (ValueError, AttributeError):
+        raise _receipt_refused(adapter.name, f"{MANIFEST_FILE} is not a JSON object any more") from None
+    if receipt_hash != sha256_digest(receipt_bytes):
+        raise _receipt_refused(adapter.name, f"{RECEIPT_FILE} no longer hashes to the receipt_hash of {MANIFEST_FILE}")
+
+
 def adapter_receipt_checked(*, adapter: Adapter) -> dict | None:
     """train_receipt.json as the API serves it, only while it hashes to what was recorded for it: its
     train receipt row's digest, or (an upload) the receipt_hash of the manifest it carried, itself the
     manifest recorded at upload. None: no receipt file. Refused: 409 receipt_integrity_failed."""
     if not adapter.path:
         return None
-    folder = Path(adapter.path)
     try:
-        data = (folder / RECEIPT_FILE).read_bytes()
+        data = (Path(adapter.path) / RECEIPT_FILE).read_bytes()
     except FileNotFoundError:
         return None
     try:
@@ -86,20 +103,9 @@ def adapter_receipt_checked(*, adapter: Adapter) -> dict | None:
     if row is not None:
         if json_digest(receipt) != row.sha256:
             raise _receipt_refused(adapter.name, f"{RECEIPT_FILE} no longer hashes to its receipt row's {row.sha256}")
-        return receipt
-    recorded = adapter_origin(adapter=adapter)["manifest_sha256"]
-    if recorded is None:
-        return receipt  # published before manifests, without a row here: nothing recorded to check against
-    try:
-        manifest_data = (folder / MANIFEST_FILE).read_bytes()
-        receipt_hash = json.loads(manifest_data).get("receipt_hash")
-    except (OSError, ValueError, AttributeError):
-        raise _receipt_refused(adapter.name, f"{MANIFEST_FILE}, which binds the receipt, is missing or unreadable") \
-            from None
-    if sha256_digest(manifest_data) != recorded or receipt_hash != sha256_digest(data):
-        raise _receipt_refused(adapter.name, f"{RECEIPT_FILE} no longer hashes to the receipt_hash of the "
-                               f"{MANIFEST_FILE} recorded at publication")
-    return receipt
+    elif adapter.manifest_sha256:  # no row here (an upload): the manifest recorded with it binds the receipt
+        _check_recorded_manifest(adapter, data)
+    return receipt  # else published before manifests, without a row: nothing recorded to check against
 
 
 def adapter_evidence_checked(*, adapter: Adapter) -> None:
@@ -109,21 +115,11 @@ def adapter_evidence_checked(*, adapter: Adapter) -> None:
     adapter_receipt_checked(adapter=adapter)
     if not adapter.path or not adapter.manifest_sha256:
         return
-    folder = Path(adapter.path)
     try:
-        manifest_data = (folder / MANIFEST_FILE).read_bytes()
+        receipt_bytes = (Path(adapter.path) / RECEIPT_FILE).read_bytes()
     except OSError:
-        raise _receipt_refused(adapter.name, f"{MANIFEST_FILE}, recorded at publication, is missing") from None
-    if sha256_digest(manifest_data) != adapter.manifest_sha256:
-        raise _receipt_refused(adapter.name, f"{MANIFEST_FILE} no longer hashes to {adapter.manifest_sha256}, "
-                               "recorded at publication")
-    try:
-        receipt_hash = json.loads(manifest_data).get("receipt_hash")
-        receipt_bytes = (folder / RECEIPT_FILE).read_bytes()
-    except (OSError, ValueError, AttributeError):
         raise _receipt_refused(adapter.name, f"{RECEIPT_FILE}, which {MANIFEST_FILE} binds, cannot be read") from None
-    if receipt_hash != sha256_digest(receipt_bytes):
-        raise _receipt_refused(adapter.name, f"{RECEIPT_FILE} no longer hashes to the receipt_hash of {MANIFEST_FILE}")
+    _check_recorded_manifest(adapter, receipt_bytes)
 
 
 def adapter_active(*, excluding: str | None = None) -> Adapter | None:
