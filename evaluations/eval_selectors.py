@@ -16,6 +16,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from core.canonical import sha256_digest
+from core.errors import KilnError
 from core.jobs.error_hints import job_error
 from core.jobs.kinds import JobSection
 from core.jobs.models import Job, JobState
@@ -155,17 +156,27 @@ def eval_result(job, *, include_examples: bool = True) -> dict:
         "metrics": job.metrics or {},
         # Set when the published evidence changed or went after the job finished: its examples are then
         # not shown (they no longer are what was scored) and replay/rerun refuse.
-        "evidence_error": _evidence_error(job, payload),
+        "evidence_error": _evidence_error(job),
     }
 
 
-def _evidence_error(job, payload: EvalJobPayload) -> dict | None:
-    from evaluations.eval_services import evidence_integrity_error
-
+def evidence_integrity_error(job) -> KilnError | None:
+    """What is wrong with a completed eval job's evidence (its results file or pinned suite gone or
+    changed since the job ran), as the 409 eval_evidence_integrity_failed replay and rerun refuse with;
+    None when it is intact or the job has not completed."""
     if job.state != JobState.COMPLETED:
         return None
-    problem = results_problem(job=job) or pinned_suite_problem(payload=payload)
-    return evidence_integrity_error(job, problem).envelope()["error"] if problem else None
+    problem = results_problem(job=job) or pinned_suite_problem(payload=EvalJobPayload.of(job))
+    if not problem:
+        return None
+    return KilnError("eval_evidence_integrity_failed", f"eval job {job.uuid}: {problem}", status=409, field="job",
+                     hint="the job's evidence changed after it finished: restore the file from a backup, or run "
+                          "the suite again as a new eval job (POST /v1/eval/run, kiln eval run)")
+
+
+def _evidence_error(job) -> dict | None:
+    error = evidence_integrity_error(job)
+    return error.envelope()["error"] if error else None
 
 
 # -- the job page -----------------------------------------------------------------------------

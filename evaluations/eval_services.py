@@ -185,19 +185,12 @@ def eval_submit(*, body: dict, mode: str = "run", user=None):
     return _submit(payload, user=user, title=_title(mode, suite, targets))
 
 
-def evidence_integrity_error(job, problem: str) -> KilnError:
-    """A finished eval job's evidence (its results file or pinned suite) is gone or changed."""
-    return KilnError("eval_evidence_integrity_failed", f"eval job {job.uuid}: {problem}", status=409, field="job",
-                     hint="the job's evidence changed after it finished: restore the file from a backup, or run "
-                          "the suite again as a new eval job (POST /v1/eval/run, kiln eval run)")
-
-
 def _check_evidence(job) -> None:
-    from evaluations.eval_selectors import pinned_suite_problem, results_problem
+    from evaluations.eval_selectors import evidence_integrity_error
 
-    problem = results_problem(job=job) or pinned_suite_problem(payload=EvalJobPayload.of(job))
-    if problem:
-        raise evidence_integrity_error(job, problem)
+    error = evidence_integrity_error(job)
+    if error is not None:
+        raise error
 
 
 def _load_pinned(job) -> dict:
