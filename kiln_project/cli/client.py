@@ -197,8 +197,10 @@ class KilnClient:
         self._announce_lock = threading.Lock()
         self._announced = False
 
-    def request(self, method: str, path: str, **kwargs):
-        """Send one request; while the server answers model_loading, wait (bounded) and send again."""
+    def request(self, method: str, path: str, *, with_status: bool = False, **kwargs):
+        """Send one request; while the server answers model_loading, wait (bounded) and send again.
+        Returns the answer's JSON; with `with_status`, (the JSON, the HTTP status), for a caller that
+        tells a 202 (created) from a 200 (the resource a retry named)."""
         deadline = time.monotonic() + _wait_ready_seconds()
         waited = False  # this request waited (concurrent requests share one announcement)
         while True:
@@ -220,9 +222,10 @@ class KilnClient:
                     if self._announced:
                         self._announced = False
                         print("kiln: the model is ready", file=sys.stderr, flush=True)
-            return result
+            return result if with_status else result[0]
 
-    def _send(self, method: str, path: str, **kwargs):
+    def _send(self, method: str, path: str, **kwargs) -> tuple[object, int]:
+        """(the answer's JSON, its HTTP status)."""
         check_path(method, path)
         try:
             response = self._http.request(method, path, **kwargs)
@@ -235,9 +238,9 @@ class KilnClient:
         if response.status_code >= 300:  # Kiln's API never redirects: another server answered
             raise not_kiln(response, self.url)
         if not response.content:
-            return None
+            return None, response.status_code
         try:
-            return response.json()
+            return response.json(), response.status_code
         except ValueError:
             raise not_kiln(response, self.url) from None
 

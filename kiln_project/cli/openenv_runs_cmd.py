@@ -310,24 +310,8 @@ def _path(run_id: str) -> str:
 def post_run(client: KilnClient, body: dict) -> tuple[dict, bool]:
     """POST /v1/openenv/runs; (the status, whether it created a run: 202 new, 200 the run that the
     request's idempotency_key already names)."""
-    answered: list[int] = []
-    http = getattr(client, "_http", None)
-
-    def seen(response) -> None:
-        if response.request.method == "POST":
-            answered.append(response.status_code)
-
-    hooks = None
-    if http is not None:
-        hooks = dict(http.event_hooks)
-        http.event_hooks = {**hooks, "response": [*hooks.get("response", []), seen]}
-    try:
-        status = client.post("/v1/openenv/runs", json=body)
-    finally:
-        if http is not None:
-            http.event_hooks = hooks
-    created = answered[-1] == 202 if answered else status.get("state") not in TERMINAL
-    return status, created
+    status, code = client.post("/v1/openenv/runs", json=body, with_status=True)
+    return status, code == 202
 
 
 def retained_note(status: dict) -> str:
