@@ -106,6 +106,8 @@ class AdapterManager:
             )
         try:
             resolved = self._resolver(name)
+        except SampleRequestError:
+            raise  # the resolver's own diagnosis (e.g. the registry is unavailable), not a missing adapter
         except Exception as exc:  # noqa: BLE001 - a registry miss may be any exception type
             raise SampleRequestError("adapter_not_found", f"Adapter {name!r} was not found: {exc}") from exc
         path, expected = resolved if isinstance(resolved, tuple) else (resolved, None)

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 # SampleRequestError codes -> HTTP status the web process answers with.
 _STATUS = {"invalid_request": 400, "context_length_exceeded": 400, "adapter_not_found": 404,
            "adapter_content_mismatch": 409, "adapter_load_failed": 500, "sampler_stopped": 503, "server_shutting_down": 503,
-           "generation_failed": 500}
+           "generation_failed": 500, "registry_unavailable": 503}
 
 
 _HINTS = {
@@ -33,9 +33,35 @@ _HINTS = {
                                 "or restore its files (kiln adapters verify NAME says which changed)",
     "adapter_load_failed": "the adapter's config and weights do not fit this model: check the adapter folder",
     "context_length_exceeded": "shorten the messages or lower max_tokens",
+    "registry_unavailable": "the database behind the adapter registry did not answer: check that it is up "
+                            "(GET /health), then send the request again",
     "server_shutting_down": "the GPU worker is stopping (kiln serve is shutting down or restarting it): "
                             "send the request again once GET /health says the model is loaded",
 }
+
+
+def served_adapter_bytes(name: str):
+    """The sampler's registry look-up (its folder and digest), on the sampler's long-lived thread.
+
+    No request cycle recycles this thread's database connection, so one that dropped (a PostgreSQL
+    restart or failover, an idle timeout) is closed and opened again once; a database that stays down is
+    `registry_unavailable` (503), never a missing adapter, which the serving canary would quarantine."""
+    from django.db import Error as DatabaseFault
+    from django.db import close_old_connections, connection
+
+    from adapters.selectors import adapter_served_bytes
+    from gpu_runtime.sample_types import SampleRequestError
+
+    close_old_connections()
+    try:
+        return adapter_served_bytes(name=name)
+    except DatabaseFault:  # OperationalError, or InterfaceError once the connection is known closed
+        connection.close()
+    try:
+        return adapter_served_bytes(name=name)
+    except DatabaseFault as exc:
+        raise SampleRequestError("registry_unavailable",
+                                 f"the adapter registry could not be read for {name!r}: {exc}") from exc
 
 
 def _shutting_down_error():
@@ -56,7 +82,6 @@ class ModelHost:
         threading.Thread(target=self._load_and_run, name="kiln-model-host", daemon=True).start()
 
     def _load_and_run(self) -> None:
-        from adapters.selectors import adapter_served_bytes
         from gpu_runtime.model_loading import ModelLoadError, load_model
         from gpu_runtime.sampler import Sampler
 
@@ -68,7 +93,7 @@ class ModelHost:
             set_worker_status(model={"loaded": False, "code": exc.code, "error": exc.message})
             log.warning("model not loaded: %s", exc)
         else:
-            self.sampler = Sampler(self.loaded, lambda name: adapter_served_bytes(name=name),
+            self.sampler = Sampler(self.loaded, served_adapter_bytes,
                                    max_batch_size=settings.KILN.sampler_max_batch_size)
             set_worker_status(model={"loaded": True, "served_model_id": self.loaded.served_model_id,
                                      "device": str(self.loaded.device), "dtype": str(self.loaded.dtype),
