@@ -42,7 +42,10 @@ def confined_file(value, roots: tuple[Path, ...], *, private: Path | None = None
         real_roots = [Path(os.path.realpath(root)) for root in roots]
         holders = [root for root in real_roots if _within(resolved, root)]
         if private is not None and _within(resolved, Path(os.path.realpath(private))):
-            holders = [root for root in holders if _within(root, Path(os.path.realpath(private)))]
+            # Only a root strictly inside it (rollouts/, datasets/): a root that is KILN_HOME itself (serve
+            # started in KILN_HOME, or KILN_DATASET_ROOTS naming it) must not open the secret key or database.
+            real_private = Path(os.path.realpath(private))
+            holders = [root for root in holders if _within(root, real_private) and root != real_private]
         inside = bool(holders)
         if not inside or not resolved.is_file() or not os.access(resolved, os.R_OK):
             raise PathRefused(field, roots)
