@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from adapters.canary import CanaryUnavailable, canary_run
 from adapters.models import Adapter, AdapterState, AdapterStatus, Promotion, PromotionState
+from core.db_locks import REGISTRY, serialize
 from core.errors import KilnError
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ def make_active(*, name: str, actor=None, reason: str, job=None, canary: dict | 
     from core.models import ReceiptKind
     from core.receipts import receipt_record
 
+    serialize(REGISTRY)  # two activations at once must not both find nothing else loaded (PostgreSQL write skew)
     adapter = Adapter.objects.select_for_update().filter(name=name, state=AdapterState.PUBLISHED).first()
     if adapter is None:
         raise KilnError("adapter_not_found", f"no published adapter named {name!r}", status=404)

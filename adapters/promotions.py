@@ -32,6 +32,7 @@ from django.utils import timezone
 from adapters.models import Adapter, AdapterState, Promotion, PromotionState
 from adapters.promotion_evidence import promotion_alarms, promotion_evidence, reward_trend  # noqa: F401 (re-exported)
 from core.canonical import json_digest
+from core.db_locks import REGISTRY, serialize
 from core.errors import KilnError
 from core.models import Receipt, ReceiptKind
 from core.receipts import receipt_record
@@ -114,9 +115,18 @@ def _saved(user):
 def promotion_request(*, candidate: str, user=None, reason: str = "", evidence: dict | None = None,
                       job=None, post_eval_job_id: str | None = None) -> Promotion:
     """Propose making `candidate` the active adapter (by hand, or a passed gate with its evidence)."""
-    from adapters.selectors import adapter_active
-
     reason = _check_reason(reason)
+    with transaction.atomic():
+        # Checked and recorded as one step: a delete of the candidate, or an activation, at the same time
+        # either happened before (and is seen here) or waits for this promotion (and sees it open).
+        serialize(REGISTRY)
+        return _record_request(candidate=candidate, user=user, reason=reason, evidence=evidence, job=job,
+                               post_eval_job_id=post_eval_job_id)
+
+
+def _record_request(*, candidate: str, user, reason: str, evidence: dict | None, job,
+                    post_eval_job_id: str | None) -> Promotion:
+    from adapters.selectors import adapter_active
 
     adapter = Adapter.objects.select_related("training_job").filter(name=candidate).first()
     if adapter is None:
@@ -138,19 +148,18 @@ def promotion_request(*, candidate: str, user=None, reason: str = "", evidence: 
     full = promotion_evidence(adapter=adapter, gate=evidence, post_eval_job_id=post_eval_job_id)
     alarms = promotion_alarms(full)
     now = timezone.now()
-    with transaction.atomic():
-        promotion = Promotion.objects.create(
-            candidate=candidate, content_sha256=adapter.content_sha256,
-            incumbent=incumbent.name if incumbent else None,
-            incumbent_sha256=incumbent.content_sha256 if incumbent else "", evidence=full,
-            evidence_sha256=json_digest(full), alarms=alarms, requested_by=_saved(user), requested_at=now,
-            request_reason=reason or "", job=job)
-        receipt_record(kind=ReceiptKind.PROMOTION, subject=candidate, job=job, body={
-            "schema": PROMOTION_SCHEMA, "promotion_id": promotion.id, "candidate": candidate,
-            "candidate_content_sha256": adapter.content_sha256, "incumbent": promotion.incumbent,
-            "incumbent_content_sha256": promotion.incumbent_sha256 or None,
-            "evidence_sha256": promotion.evidence_sha256, "alarms": alarms, "requested_by": _username(user),
-            "reason": reason or "", "requested_at": now.isoformat()})
+    promotion = Promotion.objects.create(
+        candidate=candidate, content_sha256=adapter.content_sha256,
+        incumbent=incumbent.name if incumbent else None,
+        incumbent_sha256=incumbent.content_sha256 if incumbent else "", evidence=full,
+        evidence_sha256=json_digest(full), alarms=alarms, requested_by=_saved(user), requested_at=now,
+        request_reason=reason or "", job=job)
+    receipt_record(kind=ReceiptKind.PROMOTION, subject=candidate, job=job, body={
+        "schema": PROMOTION_SCHEMA, "promotion_id": promotion.id, "candidate": candidate,
+        "candidate_content_sha256": adapter.content_sha256, "incumbent": promotion.incumbent,
+        "incumbent_content_sha256": promotion.incumbent_sha256 or None,
+        "evidence_sha256": promotion.evidence_sha256, "alarms": alarms, "requested_by": _username(user),
+        "reason": reason or "", "requested_at": now.isoformat()})
     return promotion
 
 
@@ -227,6 +236,7 @@ def promotion_approve(*, promotion_id: int, user, reason: str) -> Promotion:
     reason = _require_reason(reason)
     _require_approver(user)
     with transaction.atomic():
+        serialize(REGISTRY)  # the staleness check below sees every activation committed before it
         _, promotion = _claim(promotion_id, PromotionState.APPROVED, user, reason)
         if promotion.requested_by_id == user.pk and not self_approval_allowed():
             raise KilnError("promotion_self_approval", f"promotion {promotion_id} was requested by you; another "
@@ -257,6 +267,7 @@ def promotion_apply(*, promotion_id: int, canary: dict, job=None) -> Promotion:
     from adapters.activation import make_active
 
     with transaction.atomic():
+        serialize(REGISTRY)  # two approved promotions applying at once: the second sees the first's incumbent
         promotion = Promotion.objects.select_for_update(of=("self",)).select_related("decided_by").filter(id=promotion_id).first()
         if promotion is None:
             raise _not_found(promotion_id)

@@ -19,6 +19,7 @@ from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransit
 from core.artifacts import CHECKPOINT_SUFFIX, StagedDirectory, ensure_dir, hidden_sibling
 from core.canonical import sha256_digest
 from core.content_identity import file_sha256
+from core.db_locks import REGISTRY, serialize
 from core.errors import KilnError
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,7 @@ def adapter_unload(*, name: str, actor=None, reason: str = "") -> Adapter:
     """Stop serving an adapter by default (it stays published and can be loaded again)."""
     check_activation_right(actor)
     with transaction.atomic():
+        serialize(REGISTRY)
         adapter = _locked(name)
         if adapter.state == AdapterState.WRITING:
             raise _busy(adapter, "unloaded")
@@ -281,6 +283,7 @@ def adapter_delete(*, name: str, actor=None, reason: str = "") -> dict:
     checkpoints. Its receipts and transitions stay as rows. Folders leave by a rename to a hidden
     sibling first, so no reader ever sees half an adapter."""
     with transaction.atomic():
+        serialize(REGISTRY)  # a promotion being requested for it now is either seen below or sees it gone
         adapter = _locked(name)
         status = status_of(adapter)
         if status == AdapterStatus.WRITING:

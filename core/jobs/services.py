@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from core.db_locks import serialize
 from core.errors import KilnError
 from core.jobs.broadcast import broadcast_job_changed
 from core.jobs.kinds import get_job_kind
@@ -33,6 +34,7 @@ def job_submit(*, kind: str, payload, title: str = "", user=None, max_queued: in
     payload = job_kind.stored_payload(payload)
     cap = max_queued if max_queued is not None else settings.KILN.max_queued_jobs
     with transaction.atomic():
+        serialize(f"jobs.queue.{job_kind.queue}")  # the count and the insert as one step: the cap holds under races
         queued = Job.objects.filter(queue=job_kind.queue, state=JobState.QUEUED).count()
         if queued >= cap:
             raise KilnError(

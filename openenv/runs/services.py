@@ -37,11 +37,12 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from core.artifacts import write_file
+from core.db_locks import serialize
 from core.errors import KilnError
 from openenv.collector.errors import FAILURE_CODES, checked_failure, failure_record
 from openenv.models import (
@@ -61,7 +62,6 @@ log = logging.getLogger(__name__)
 JOB_KIND = "openenv.run"
 FAILURE_SCHEMA = "kiln.openenv-run-failure.v1"
 MAX_RUN_RECORD_BYTES = 2 * 1024 * 1024
-ADVISORY_LOCK_KEY = 0x4B494C4E4F45  # "KILNOE": serializes admission on PostgreSQL
 WRITE_ATTEMPTS = 8
 EVAL_ENDED = ("failed", "cancelled")
 
@@ -73,10 +73,8 @@ def failure(code: str, stage: str, message: str, *, retryable: bool = False, hin
 
 
 def _serialize() -> None:
-    """Hold the admission lock until the transaction ends (SQLite serializes IMMEDIATE writers)."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
+    """Hold the admission lock until the transaction ends (core.db_locks)."""
+    serialize("openenv.admission")
 
 
 def _retrying(fn):
