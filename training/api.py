@@ -90,7 +90,8 @@ def train_job_detail(request, job_id: str):
 def train_job_delete(request, job_id: str):
     require_permission(request, "submit_job")
     job = job_services.job_delete(job=_job_or_404(job_id), user=request.user,
-                                  not_finished_code="training_job_already_started")
+                                  not_finished_code="training_job_already_started",
+                                  not_found_code="training_job_not_found")
     return {"job_id": job_id, "status": "deleted", "removed_archive_file": snapshot_discard(job)}
 
 

@@ -154,9 +154,11 @@ def check_owner_or_permitted(*, owner_id, user, what: str, code: str) -> None:
                         hint="ask its submitter, or an administrator, who can grant jobs.delete_others_jobs in /admin/")
 
 
-def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletable") -> Job:
+def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletable",
+               not_found_code: str = "job_not_found") -> Job:
     """Hide a finished job from the API and pages. The row and its events stay (audit), with a
-    `deleted` event naming who deleted it; a queued or running job must be cancelled first."""
+    `deleted` event naming who deleted it; a queued or running job must be cancelled first.
+    `not_found_code`: the route's own 404 code, also when a concurrent delete won the race."""
     who = getattr(user, "username", "") or "anonymous"
     check_owner_or_permitted(owner_id=job.submitted_by_id, user=user, what=f"job {job.uuid}",
                              code="job_delete_forbidden")
@@ -166,7 +168,7 @@ def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletab
         if not updated:
             job.refresh_from_db()
             if job.deleted_at is not None:
-                raise KilnError("job_not_found", f"job {job.uuid} was already deleted", status=404)
+                raise KilnError(not_found_code, f"job {job.uuid} was already deleted", status=404)
             raise KilnError(not_finished_code, f"job {job.uuid} is {job.state}; cancel it first", status=409)
         _event(job, "deleted", f"deleted by {who}")
     job.refresh_from_db()

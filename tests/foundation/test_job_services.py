@@ -174,3 +174,15 @@ def test_only_the_submitter_or_a_holder_of_delete_others_jobs_cancels_a_job():
     assert services.job_cancel(job=mine, user=owner).state == "cancelled"
     anyones = services.job_submit(kind="test.steps", payload={})  # submitted anonymously
     assert services.job_cancel(job=anyones, user=other).state == "cancelled"
+
+
+def test_a_delete_that_lost_the_race_answers_the_routes_own_not_found_code():
+    """Two DELETEs of one training job at once: the loser read the row before the winner hid it."""
+    job = services.job_submit(kind="test.steps", payload={})
+    Job.objects.filter(id=job.id).update(state="completed", finished_at=timezone.now())
+    job.refresh_from_db()
+    stale = Job.objects.get(id=job.id)
+    services.job_delete(job=job, not_found_code="training_job_not_found")
+    with pytest.raises(KilnError) as info:
+        services.job_delete(job=stale, not_found_code="training_job_not_found")
+    assert (info.value.code, info.value.status) == ("training_job_not_found", 404)
