@@ -236,7 +236,30 @@ def promotion_evidence(*, adapter: Adapter, gate: dict | None = None, post_eval_
             "lengths": lengths, "samples": samples, "alarm_bounds": alarm_bounds()}
 
 
-def promotion_alarms(evidence: dict) -> list[str]:
+NOT_CHECKED = object()
+BASE_NAMES = (None, "", "base", "none", "null")
+
+
+def _adapter_label(name) -> str:
+    return "the base model" if name in BASE_NAMES else repr(name)
+
+
+def baseline_mismatch(evidence: dict, incumbent) -> str | None:
+    """The gate compared the candidate with another adapter than the one it would replace (the active
+    adapter changed while the candidate trained or was evaluated): that comparison proves nothing about
+    the incumbent. `incumbent`: the active adapter's name (None: the base model)."""
+    gate = _dict(_dict(evidence).get("gate"))
+    if "baseline_adapter" not in gate:
+        return None
+    baseline = gate.get("baseline_adapter")
+    if (None if baseline in BASE_NAMES else baseline) == (None if incumbent in BASE_NAMES else incumbent):
+        return None
+    return (f"the held-out gate compared the candidate with {_adapter_label(baseline)}, but "
+            f"{_adapter_label(incumbent)} is active now: the candidate was never compared with the adapter "
+            "it would replace")
+
+
+def promotion_alarms(evidence: dict, *, incumbent=NOT_CHECKED) -> list[str]:
     """Reward-hacking reasons, each with its figures (missing figures raise no alarm):
 
     - training reward rose (reward_trend) while the held-out candidate accuracy is below the baseline's;
@@ -251,8 +274,12 @@ def promotion_alarms(evidence: dict) -> list[str]:
       as long), only with at least MIN_LENGTH_SAMPLES measured completions on each side (fewer is noise).
 
     The bounds are the evidence's own `alarm_bounds` (recorded when it was gathered), else the config's.
-    Strict comparisons: a figure exactly at a bound raises nothing."""
+    Strict comparisons: a figure exactly at a bound raises nothing. With `incumbent` (the active adapter's
+    name, None for the base model), also a gate whose baseline is not that incumbent (baseline_mismatch)."""
     alarms = []
+    mismatch = baseline_mismatch(evidence, incumbent) if incumbent is not NOT_CHECKED else None
+    if mismatch:
+        alarms.append(mismatch)
     evidence = _dict(evidence)
     bounds = {**alarm_bounds(), **_dict(evidence.get("alarm_bounds"))}
     trend, gate = _dict(evidence.get("reward_trend")), _dict(evidence.get("gate"))

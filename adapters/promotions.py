@@ -146,7 +146,7 @@ def _record_request(*, candidate: str, user, reason: str, evidence: dict | None,
         raise KilnError("adapter_active", f"adapter {candidate!r} is already the active adapter", status=409,
                         field="candidate", hint="promote another adapter")
     full = promotion_evidence(adapter=adapter, gate=evidence, post_eval_job_id=post_eval_job_id)
-    alarms = promotion_alarms(full)
+    alarms = promotion_alarms(full, incumbent=incumbent.name if incumbent else None)
     now = timezone.now()
     promotion = Promotion.objects.create(
         candidate=candidate, content_sha256=adapter.content_sha256,
@@ -166,11 +166,15 @@ def _record_request(*, candidate: str, user, reason: str, evidence: dict | None,
 def promotion_after_gate(*, candidate: str, evidence: dict, job=None, user=None) -> Promotion | None:
     """A post-eval gate passed (`promoted`). With the approval policy on, or with a reward-hacking
     alarm, propose a promotion (pending) and return it; otherwise return None: the caller activates."""
+    from adapters.selectors import adapter_active
+
     adapter = Adapter.objects.select_related("training_job").filter(name=candidate).first()
     if adapter is None:
         return None
     post_id = str(job.uuid) if job is not None else None
-    alarms = promotion_alarms(promotion_evidence(adapter=adapter, gate=evidence, post_eval_job_id=post_id))
+    active = adapter_active()
+    alarms = promotion_alarms(promotion_evidence(adapter=adapter, gate=evidence, post_eval_job_id=post_id),
+                              incumbent=active.name if active else None)
     if not approval_required() and not alarms:
         return None
     reason = ("post_eval gate passed" + ("; flagged: " + "; ".join(alarms) if alarms else ""))[:MAX_REASON_CHARS]

@@ -77,7 +77,7 @@ def _print_figures(evidence: dict) -> None:
     if lengths:
         cand, inc = lengths.get("candidate") or {}, lengths.get("incumbent") or {}
         print(f"held-out lengths: candidate mean {_g(cand.get('mean'))} / median {_g(cand.get('median'))} "
-              f"over {cand.get('count')}, incumbent mean {_g(inc.get('mean'))} / median {_g(inc.get('median'))} "
+              f"over {cand.get('count')}, {_baseline(lengths)} mean {_g(inc.get('mean'))} / median {_g(inc.get('median'))} "
               f"over {inc.get('count')} (ratio {_g(lengths.get('ratio'))}; allowed "
               f"{_g(bounds.get('min_length_ratio'))}..{_g(bounds.get('max_length_ratio'))})")
     samples = evidence.get("samples") or []
@@ -86,7 +86,13 @@ def _print_figures(evidence: dict) -> None:
     for sample in samples[:2]:
         print(f"  {sample.get('example_id')}: {_one_line(sample.get('prompt'))}")
         print(f"    candidate [{sample.get('candidate_outcome')}]: {_one_line(sample.get('candidate'))}")
-        print(f"    incumbent [{sample.get('incumbent_outcome')}]: {_one_line(sample.get('incumbent'))}")
+        print(f"    {_baseline(lengths)} [{sample.get('incumbent_outcome')}]: {_one_line(sample.get('incumbent'))}")
+
+
+def _baseline(lengths: dict) -> str:
+    """What the held-out figures compared the candidate with: the gate's baseline, which is the incumbent
+    only when the active adapter did not change meanwhile (an alarm says so when it did)."""
+    return f"baseline {lengths.get('incumbent_adapter') or 'base'}"
 
 
 def run(args) -> int:

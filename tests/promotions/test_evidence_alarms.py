@@ -211,9 +211,9 @@ def test_a_real_post_eval_gives_lengths_and_samples_and_a_length_explosion_is_fl
     shown = capsys.readouterr().out
     assert "ALARM: completion lengths exploded" in shown
     assert "KL to reference: 0.045 nats/token (last_quarter_mean" in shown and "bound 0.5" in shown
-    assert "held-out lengths: candidate mean 18 / median 18 over 24, incumbent mean 3 / median 3 over 24" in shown
+    assert "held-out lengths: candidate mean 18 / median 18 over 24, baseline prev mean 3 / median 3 over 24" in shown
     assert "ratio 6; allowed 0.5..2" in shown and "clipped ratios: 0.25 of 64" in shown
-    assert "  q00: What is 0 + 0?" in shown and "    incumbent [fail]: It is 1." in shown
+    assert "  q00: What is 0 + 0?" in shown and "    baseline prev [fail]: It is 1." in shown
     assert shown.count("    candidate [pass]: step step") == 2
 
 

@@ -92,3 +92,46 @@ def test_the_alarm_needs_both_a_rising_reward_and_a_held_out_drop():
     assert not promotion_alarms({"reward_trend": fell, "gate": drop})
     assert not promotion_alarms({"reward_trend": rose, "gate": {"candidate_accuracy": 0.7, "baseline_accuracy": 0.6}})
     assert not promotion_alarms({"reward_trend": rose, "gate": None})
+
+
+def test_a_gate_against_an_adapter_that_no_longer_serves_is_never_applied_automatically(home, settings):
+    """The gate compared the candidate with `prev`; meanwhile `other` became active. Passing that gate
+    proves nothing against `other`: a person decides, and the alarm says why."""
+    policy(settings, require_approval=False)
+    requester, reviewer, _ = users()
+    published(home, "other")
+    from django.db import transaction
+
+    from adapters.activation import make_active
+
+    training = _job("training.grpo", user=requester)
+    published(home, "prev", loaded=True)
+    published(home, "cand", job=training)
+    with transaction.atomic():
+        make_active(name="other", reason="promoted meanwhile")
+    payload = PostEvalJobPayload(training_job_id=str(training.uuid), adapter_name="cand",
+                                 post_eval=PostEvalConfig.from_dict({"suite": "held", "min_accuracy": 0.5}),
+                                 suite_hash="sha256:" + "1" * 64, baseline_adapter="prev", auto_load=True)
+    evidence = {"policy_version": "paired_wilson_v1", "eval_job_id": "e1", "candidate_adapter": "cand",
+                "baseline_adapter": "prev", "candidate_accuracy": 0.8, "baseline_accuracy": 0.5,
+                "outcome": "promoted"}
+    result = _apply(SimpleNamespace(job=_job("training.post_eval", user=requester)), payload, "promoted",
+                    evidence, "e1", "verdict")
+    assert result["activated_at"] is None and result["promotion_id"] is not None
+    assert Adapter.objects.get(name="other").loaded and not Adapter.objects.get(name="cand").loaded
+    promotion = Promotion.objects.get(id=result["promotion_id"])
+    assert promotion.state == "pending" and promotion.incumbent == "other"
+    assert promotion.alarms == ["the held-out gate compared the candidate with 'prev', but 'other' is active "
+                                "now: the candidate was never compared with the adapter it would replace"]
+
+
+def test_the_baseline_alarm_reads_base_spellings_as_one():
+    from adapters.promotion_evidence import baseline_mismatch
+
+    assert baseline_mismatch({"gate": {"baseline_adapter": None}}, None) is None
+    assert baseline_mismatch({"gate": {"baseline_adapter": "base"}}, None) is None
+    assert baseline_mismatch({"gate": {"baseline_adapter": "prev"}}, "prev") is None
+    assert baseline_mismatch({"gate": None}, "prev") is None  # no gate: nothing was compared
+    assert "compared the candidate with the base model, but 'm-r001' is active" in \
+        baseline_mismatch({"gate": {"baseline_adapter": None}}, "m-r001")
+    assert promotion_alarms({"gate": {"baseline_adapter": None}}) == []  # incumbent not given: not checked

@@ -17,7 +17,7 @@ from html import unescape
 import pytest
 from django.test import Client
 
-from adapters.models import Promotion, PromotionState
+from adapters.models import Adapter, Promotion, PromotionState
 from adapters.promotions import promotion_reject, promotion_request
 from core.jobs.models import Job
 from core.jobs.services import job_submit
@@ -166,7 +166,7 @@ def test_promotion_page_shows_gate_counts_bounds_reward_and_alarm(home, team):
     trend = promotion.evidence["reward_trend"]
     assert trend["rose"] and _text(html, "reward-trend") == f"first {trend['first']:.4g} → last {trend['last']:.4g} rose"
     assert 'id="reward-curve"' in html and "<polyline" in html and "training job metrics" in html
-    assert "Samples: candidate vs incumbent" not in html  # no samples in this evidence
+    assert "Samples: candidate vs" not in html  # no samples in this evidence
     assert "Not recorded" in _block(html, "kl-to-reference") and "Not measured" in _block(html, "completion-lengths")
     assert promotion.evidence_sha256 in html
     # The request receipt, and the decide forms (CSRF) for a reviewer.
@@ -349,3 +349,53 @@ def test_unknown_promotion_is_404_and_pages_need_login(team, client):
     assert _client(reviewer).post("/ui/promotions/999/approve/", {"reason": "x"}).status_code == 404
     assert client.get("/ui/promotions/1/")["Location"] == "/ui/login/?next=/ui/promotions/1/"
     assert client.post("/ui/promotions/1/approve/", {"reason": "x"}).status_code == 302
+
+
+# ---- the gate box: the gate's decision, and what serves now -------------------------------------
+
+def test_a_passed_gate_awaiting_approval_does_not_claim_the_candidate_is_served(home, team):
+    """Was: "The new adapter passed the gate and is served." while the promotion waited and r1 served."""
+    requester, reviewer, _ = team
+    published(home, "r2")
+    gate = _gate(["pass"] * 20, ["fail"] * 20, "r2")
+    assert gate["outcome"] == "promoted"
+    promotion = promotion_request(candidate="r2", user=requester, reason="round two", evidence=gate)
+    html = _html(_client(reviewer).get(f"/ui/promotions/{promotion.id}/"))
+    assert _text(html, "promotion-state") == "pending"
+    assert _block(html, "gate-decision") == "The new adapter passed the gate: the gate allowed its activation."
+    assert _block(html, "gate-serving") == "Serving now: r1 ; the candidate r2 is not served."
+    assert "is served" not in html
+
+
+def test_an_inconclusive_gate_of_an_adapter_made_active_later_says_it_serves(home, team):
+    """Was: "... it is not served." while the adapter was active (activated by hand after the gate)."""
+    requester, reviewer, _ = team
+    published(home, "r2")
+    gate = _gate(["pass"] * 5, ["fail"] * 5, "r2")
+    assert gate["outcome"] == "inconclusive"
+    promotion = promotion_request(candidate="r2", user=requester, reason="by hand", evidence=gate)
+    Adapter.objects.filter(name="r1").update(loaded=False)
+    Adapter.objects.filter(name="r2").update(loaded=True)
+    html = _html(_client(reviewer).get(f"/ui/promotions/{promotion.id}/"))
+    assert _block(html, "gate-decision").endswith("the gate did not activate it.")
+    assert _block(html, "gate-serving") == "Serving now: r2 , this candidate."
+    assert "not served" not in html
+
+
+def test_the_gate_eval_job_link_becomes_plain_text_once_the_job_is_deleted(home, team):
+    from core.jobs.services import job_delete
+
+    requester, reviewer, _ = team
+    published(home, "r2")
+    eval_job = job_submit(kind="test.steps", payload={"steps": 1}, title="post-eval compare", user=requester)
+    Job.objects.filter(id=eval_job.id).update(kind="eval.run", state="completed")
+    gate = {**_gate(["pass"] * 20, ["fail"] * 20, "r2"), "eval_job_id": str(eval_job.uuid)}
+    promotion = promotion_request(candidate="r2", user=requester, reason="round two", evidence=gate)
+    page = f"/ui/promotions/{promotion.id}/"
+    html = _html(_client(reviewer).get(page))
+    assert f'href="/ui/jobs/{eval_job.uuid}/"' in html
+    assert f'href="/ui/evaluations/jobs/{eval_job.uuid}/compare/"' in html
+    job_delete(job=Job.objects.get(id=eval_job.id), user=requester)
+    html = _html(_client(reviewer).get(page))
+    assert _block(html, "gate-eval-job", "</dd>") == f"{str(eval_job.uuid)[:8]} · compare (deleted)"
+    assert f'href="/ui/jobs/{eval_job.uuid}/"' not in html and "/compare/" not in html
