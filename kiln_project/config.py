@@ -14,7 +14,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.artifacts import HomeLayout
-from kiln_project.config_values import ConfigError, _bool_setting, _first, _int_setting, _kind, _toml_string
+from kiln_project.config_values import (
+    ConfigError,
+    _bool_setting,
+    _first,
+    _int_setting,
+    _kind,
+    _redact_url,
+    _redis_url,
+    _toml_string,
+)
 
 SERVING_PROFILES = ("stable", "maintenance", "experimental")
 DEFAULT_PORT = 8420
@@ -140,13 +149,6 @@ class KilnConfig:
         return data
 
 
-def _redact_url(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
-
-
 def _find_config_file(env: dict) -> Path | None:
     explicit = env.get("KILN_CONFIG")
     if explicit:
@@ -256,7 +258,7 @@ def _load(env: dict, config_file: Path | None) -> KilnConfig:
         host=_first(env.get("KILN_HOST"), _toml_string(server_toml, "[server]", "host")) or DEFAULT_HOST,
         port=_int_setting(env, "KILN_PORT", server_toml, "[server]", "port", DEFAULT_PORT, 1, 65535),
         database_url=env.get("DATABASE_URL") or None,
-        redis_url=env.get("KILN_REDIS_URL") or None,
+        redis_url=_redis_url(env, "KILN_REDIS_URL"),
         allow_anonymous_api=_bool_setting(env, "KILN_ALLOW_ANONYMOUS_API", server_toml, "[server]",
                                           "allow_anonymous_api", False),
         max_queued_jobs=_max_queued_jobs(env, training_toml, jobs_toml),

@@ -4,6 +4,9 @@ Pure module (kiln_project.config builds the whole configuration from these)."""
 
 from __future__ import annotations
 
+import re
+from urllib.parse import parse_qs, urlsplit
+
 
 class ConfigError(ValueError):
     """The configuration file or an environment variable holds a value Kiln cannot use.
@@ -97,4 +100,50 @@ def _toml_string(table: dict, where: str, key: str) -> str | None:
     value = table[key]
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{where} {key} must be a non-empty string, not {value!r} ({_kind(value)})")
+    return value
+
+
+def _redact_url(url: str) -> str:
+    """The URL as it may be shown: user and password (up to the last @) and a password= query value as ***."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        url = f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_URL_EXAMPLES = ("redis://127.0.0.1:6379/0 (host, port, database number), rediss://:PASSWORD@host:6380/1 or "
+                      "unix:///run/redis/redis.sock")
+
+
+def _redis_url(env: dict, variable: str) -> str | None:
+    """The Redis URL in `variable`, or None. Checked here because redis-py ignores a database path it cannot
+    read (`/abc` would silently be database 0 of a shared Redis) and refuses another scheme only when a
+    process first connects."""
+    value = env.get(variable) or None
+    if value is None:
+        return None
+    shown = _redact_url(value)
+
+    def refuse(rule: str) -> ConfigError:
+        return ConfigError(f"{variable} must {rule}, not {shown!r}",
+                           f"e.g. {variable}={REDIS_URL_EXAMPLES}; unset it and kiln serve runs a private Redis")
+
+    scheme = value.split("://", 1)[0] if "://" in value else ""
+    if scheme not in REDIS_SCHEMES:  # exactly as redis-py reads it: lower case
+        raise refuse("be a redis://, rediss:// or unix:// URL")
+    parts = urlsplit(value)
+    try:
+        port = parts.port  # None: the default, 6379
+    except ValueError:  # not an integer, or above 65535
+        port = 0
+    if port == 0:  # redis-py would quietly take 0 as the default port too
+        raise refuse("have a port that is an integer from 1 to 65535")
+    if scheme == "unix" and not parts.path:
+        raise refuse("name the socket's path (unix:///path/to/redis.sock)")
+    databases = parse_qs(parts.query).get("db", [])  # ?db=N, which wins over the path
+    if scheme != "unix":
+        databases.append(parts.path[1:])  # redis://host:port/N; empty: database 0
+    if not all(db.isascii() and db.isdigit() for db in databases if db):
+        raise refuse("name a database number (/0, /1, ... or ?db=N) or none (database 0)")
     return value

@@ -8,6 +8,7 @@ import secrets
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.accounts.models import ApiToken
@@ -86,18 +87,31 @@ def check_new_username(username: str) -> None:
         raise KilnError("invalid_username", f"{username!r} is not a valid user name",
                         hint="use 1-150 letters, digits and @ . + - _ (no spaces)") from None
     if User.objects.filter(username=username).exists():
-        raise KilnError("user_exists", f"a user named {username!r} already exists")
+        raise _user_exists(username)
+
+
+def _user_exists(username: str) -> KilnError:
+    return KilnError("user_exists", f"a user named {username!r} already exists")
 
 
 def user_create(*, username: str, password: str | None, superuser: bool = False,
                 can_submit: bool = True, can_approve: bool = False):
     User = get_user_model()
     check_new_username(username)
-    if superuser:
-        user = User.objects.create_superuser(username=username, password=password, email="")
-    else:
-        user = User.objects.create_user(username=username, password=password)
-    codenames = (["submit_job"] if can_submit else []) + (["approve_promotion"] if can_approve else [])
-    if codenames:
-        user.user_permissions.add(*Permission.objects.filter(content_type__app_label="jobs", codename__in=codenames))
+    try:
+        # One transaction: a user is never left without the permissions asked for. Two creations of
+        # one name at once both pass the check above; the database's unique name refuses the second.
+        with transaction.atomic():
+            if superuser:
+                user = User.objects.create_superuser(username=username, password=password, email="")
+            else:
+                user = User.objects.create_user(username=username, password=password)
+            codenames = (["submit_job"] if can_submit else []) + (["approve_promotion"] if can_approve else [])
+            if codenames:
+                user.user_permissions.add(*Permission.objects.filter(content_type__app_label="jobs",
+                                                                     codename__in=codenames))
+    except IntegrityError:
+        if not User.objects.filter(username=username).exists():
+            raise  # some other constraint: not a name clash
+        raise _user_exists(username) from None
     return user

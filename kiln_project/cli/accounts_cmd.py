@@ -7,6 +7,8 @@ import getpass
 import os
 import sys
 
+from kiln_project.cli.migrate_lock import migrate_database
+
 
 def add_parser(subparsers) -> None:
     user = subparsers.add_parser("user", help="manage users (local)")
@@ -37,10 +39,9 @@ def _setup() -> None:
     """Django, and the database brought up to date as `kiln serve` does: on a fresh KILN_HOME,
     `kiln user create` is the first command the README runs, before any server has migrated."""
     import django
-    from django.core.management import call_command
 
     django.setup()
-    call_command("migrate", interactive=False, verbosity=0)
+    migrate_database()  # several nodes starting together on one PostgreSQL: one migrates, the others wait
 
 
 def run_user(args) -> int:

@@ -111,7 +111,8 @@ def unexpected_error(exc: Exception) -> CliError:
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""
         return CliError("os_error", f"{exc.strerror or exc}{where}", "check the path and its permissions")
-    return CliError("unexpected_error", f"{type(exc).__name__}: {exc}",
+    # one line even for a multi-line message (a database error's DETAIL line, say)
+    return CliError("unexpected_error", _one_line(f"{type(exc).__name__}: {exc}"),
                     "set KILN_DEBUG=1 to see the traceback, and report it")
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from core.process_locks import ProcessLock, die_with_parent
 from kiln_project.cli.client import CliError
+from kiln_project.cli.migrate_lock import migrate_database
 
 WORKERS = {"gpu-worker": ["--queues", "gpu,infer", "--threads", "8"],
            "control-worker": ["--queues", "control", "--threads", "4"]}
@@ -222,8 +223,6 @@ def run(args) -> int:
         os.environ["KILN_PORT"] = str(args.port)
     django.setup()
     config = settings.KILN
-    from django.core.management import call_command
-
     # One supervisor per KILN_HOME, checked before anything is touched (the Redis socket, the
     # database, the port): the OS drops the lock when its holder dies, kill -9 included.
     home_lock = ProcessLock(config.layout.locks / "serve.lock")
@@ -236,7 +235,7 @@ def run(args) -> int:
     check_port_free(config.host, config.port)
     if config.redis_url:
         check_redis_reachable(config.redis_url)
-    call_command("migrate", interactive=False, verbosity=0)  # an unusable database: database_unavailable (cli.main)
+    migrate_database()  # an unusable database: database_unavailable (cli.main)
     # No writer runs yet: what a worker killed mid-write left in the adapter registry goes now.
     from core.artifacts import remove_abandoned_staging
 
