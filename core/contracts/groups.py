@@ -4,6 +4,9 @@ The one checker of a group's shape: admission runs it before anything is queued,
 runs it again for callers that reach it directly. Errors name the field as a JSON path with
 0-based indexes (`groups[0].completions[1].reward`, as every Kiln error does); a JSONL source
 adds the line (`(line 3)`). Blank JSONL lines are skipped without consuming an index.
+
+Also the kernel's two shared checks for what users hand in: `load_json` (JSON text refused cleanly,
+never a RecursionError) and `reward_in_range` (the reward bound every scorer output must meet).
 """
 
 from __future__ import annotations
@@ -22,12 +25,38 @@ MAX_EXACT_INT = 2**53  # beyond this a JSON integer has no exact float (10**400 
 # The largest reward in size, float or integer: group statistics square rewards and sum a group of
 # up to 1024 of them in float64, which overflows (OverflowError in the trainer) from about 1e154.
 MAX_REWARD_MAGNITUDE = float(MAX_EXACT_INT)
+REWARD_RANGE = "finite and at most 2**53 (about 9.0e15) in size"  # what reward_in_range accepts, in words
 SEGMENT_KINDS = ("context", "action", "observation")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 FINISH_REASONS = ("stop", "length")  # as in chat.completion choices
 
 
 GROUP_INDEX = re.compile(r"^groups\[(\d+)\]")
+
+
+class JsonTextError(ValueError):
+    """Why some text is not one acceptable JSON value. The message is a phrase without a subject
+    ("not valid JSON (...)", "nested too deeply") that callers prefix with their own place, and it
+    never quotes the content."""
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def load_json(data: bytes | str, *, allow_nan: bool = False):
+    """One JSON value, or JsonTextError: the one loader for JSON that users hand in (files, uploads,
+    tasks). Python's json raises RecursionError past ~1000 levels of nesting and a bare ValueError
+    for integers over 4300 digits; both become clean refusals here. NaN and Infinity are refused
+    unless `allow_nan` (callers whose own field checks name the offending field)."""
+    try:
+        return json.loads(data) if allow_nan else json.loads(data, parse_constant=_reject_constant)
+    except UnicodeDecodeError:  # its message would quote the byte
+        raise JsonTextError("not valid JSON (not UTF-8 text)") from None
+    except RecursionError:
+        raise JsonTextError("nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError names a position, never the content; also the digit limit
+        raise JsonTextError(f"not valid JSON ({exc})") from None
 
 
 class GroupError(ValueError):
@@ -44,6 +73,12 @@ class AdmittedCorpus:
     sha256: str  # spec §2.7 digest over those bytes
     rollouts: int
     with_provenance: int
+
+
+def reward_in_range(reward: int | float) -> bool:
+    """Whether training takes this reward; producers of rewards (scorers) check it too."""
+    # abs() first: math.isfinite(10**400) raises, while its size compares fine
+    return abs(reward) <= MAX_REWARD_MAGNITUDE and math.isfinite(reward)
 
 
 def _text(value: str, field: str) -> str:
@@ -103,9 +138,8 @@ def _completion(value, where: str) -> dict:
     reward = value.get("reward")
     if isinstance(reward, bool) or not isinstance(reward, int | float):
         raise GroupError(f"{where}.reward", "is required and must be a number")
-    # abs() first: math.isfinite(10**400) raises, while its size compares fine
-    if abs(reward) > MAX_REWARD_MAGNITUDE or not math.isfinite(reward):
-        raise GroupError(f"{where}.reward", "must be finite and at most 2**53 (about 9.0e15) in size")
+    if not reward_in_range(reward):
+        raise GroupError(f"{where}.reward", f"must be {REWARD_RANGE}")
     completion = {"text": value["text"], "reward": reward}
     if "trajectory" in value:
         if not isinstance(value["trajectory"], list):
@@ -173,12 +207,10 @@ def parse_jsonl(data: bytes, field: str = "dataset_path", *, require_groups: boo
     for line_number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            groups.append(json.loads(line))
-        except json.JSONDecodeError as exc:  # its message names a position, never the content
-            raise GroupError(f"line {line_number}", f"is not valid JSON ({exc})") from None
-        except UnicodeDecodeError:  # its message would quote the byte
-            raise GroupError(f"line {line_number}", "is not valid JSON (not UTF-8 text)") from None
+        try:  # NaN passes here so that the reward check names the field
+            groups.append(load_json(line, allow_nan=True))
+        except JsonTextError as exc:
+            raise GroupError(f"line {line_number}", f"is {exc}") from None
         lines.append(line_number)
     if not groups and require_groups:
         raise GroupError(field, "the file holds no groups")

@@ -17,7 +17,14 @@ import json
 import rfc8785
 
 from core.canonical import canonical_json
-from core.contracts.groups import MAX_GROUPS, MESSAGE_ROLES, GroupError, admit_groups
+from core.contracts.groups import (
+    MAX_GROUPS,
+    MESSAGE_ROLES,
+    GroupError,
+    JsonTextError,
+    admit_groups,
+    load_json,
+)
 
 FORMATS = ("grpo_groups", "sft_chat", "raw")
 MAX_ROWS = MAX_GROUPS
@@ -31,19 +38,11 @@ class FormatError(ValueError):
         self.message = f"{where}: {message}"
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
 def _loads(line: bytes, number: int):
     try:
-        return json.loads(line, parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise FormatError(number, "is not valid JSON (not UTF-8 text)") from None
-    except RecursionError:
-        raise FormatError(number, "is nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError names a position, never the content
-        raise FormatError(number, f"is not valid JSON ({exc})") from None
+        return load_json(line)
+    except JsonTextError as exc:
+        raise FormatError(number, f"is {exc}") from None
 
 
 def _check_canonical(value, number: int) -> None:

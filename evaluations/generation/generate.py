@@ -16,13 +16,13 @@ is raised as a RolloutError naming the task and seed (requests already in flight
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core.contracts.groups import REWARD_RANGE, reward_in_range
 from evaluations.generation.errors import RolloutError, one_line
 from evaluations.generation.template import RenderOptions, Task, parse_request, render_request
 from evaluations.generation.validation import CheckedRollout, validate_response
@@ -110,9 +110,9 @@ def run_one(item: PlannedRequest, *, post: Callable, score: Callable, options: R
     except Exception as exc:  # noqa: BLE001 - ScorerError and anything else the sandbox raises
         raise _scorer_failure(exc, item) from None
     reward = getattr(result, "reward", None)
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise RolloutError("scorer_output_invalid", f"the scorer returned reward {reward!r}; it must be a finite "
-                           "number", task_id=item.task.id, seed=item.seed)
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not reward_in_range(reward):
+        raise RolloutError("scorer_output_invalid", f"the scorer returned reward {reward!r}; it must be a number, "
+                           f"{REWARD_RANGE}", task_id=item.task.id, seed=item.seed)
     return ScoredRollout(
         planned=item, checked=checked, reward=float(reward), latency_ms=latency_ms,
         scorer_raw_output=str(getattr(result, "raw_output", "")),

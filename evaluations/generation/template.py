@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.contracts.groups import JsonTextError, load_json
 from core.contracts.sampling import MAX_SEED, MAX_TOKENS_CAP
 from evaluations.generation.errors import RolloutError
 
@@ -74,10 +75,17 @@ class RenderOptions:
 # -- inputs -----------------------------------------------------------------------------------
 
 
+def _read_text(path: Path) -> str:
+    """The file as text; a leading UTF-8 BOM (Windows editors write one) is dropped, as the server
+    does for dataset files and uploads."""
+    return Path(path).read_text(encoding="utf-8-sig")
+
+
 def load_tasks(path: Path) -> list[Task]:
-    """One JSON object a line; each needs a unique `id` (string or integer). Blank lines are skipped."""
+    """One JSON object a line; each needs a unique `id` (string or integer). Blank lines are skipped.
+    NaN and Infinity are refused here: the scorer's payload must be valid JSON."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = _read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise RolloutError("tasks_unreadable", f"cannot read tasks file {path}: {exc}") from None
     tasks, seen = [], {}
@@ -85,9 +93,9 @@ def load_tasks(path: Path) -> list[Task]:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RolloutError("tasks_invalid", f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            value = load_json(line)
+        except JsonTextError as exc:
+            raise RolloutError("tasks_invalid", f"{path}:{number}: {exc}") from None
         if not isinstance(value, dict):
             raise RolloutError("tasks_invalid", f"{path}:{number}: a task must be a JSON object")
         task_id = value.get("id")
@@ -106,11 +114,13 @@ def load_tasks(path: Path) -> list[Task]:
 
 def load_template(path: Path) -> dict:
     try:
-        template = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = _read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise RolloutError("template_unreadable", f"cannot read request template {path}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise RolloutError("template_invalid", f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    try:
+        template = load_json(text)
+    except JsonTextError as exc:
+        raise RolloutError("template_invalid", f"{path}: {exc}") from None
     if not isinstance(template, dict):
         raise RolloutError("template_invalid", f"{path}: the request template must be a JSON object")
     if "messages" not in template:

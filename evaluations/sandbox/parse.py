@@ -1,7 +1,8 @@
 """The scorer output contract: stdout is one finite number, or one JSON object with `reward`, `score` or
-`value` (a finite number). Anything else raises ScorerError with a stable code.
+`value` (a finite number), at most 2**53 in size as training requires. Anything else raises
+ScorerError with a stable code.
 
-Pure: standard library only.
+Pure: the standard library and the kernel's reward bound (`core.contracts.groups`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import re
+
+from core.contracts.groups import REWARD_RANGE, reward_in_range
 
 from .types import (
     SCORER_OUTPUT_AMBIGUOUS,
@@ -41,6 +44,9 @@ def _finite(value: float, shown: str) -> float:
         reward = math.inf
     if not math.isfinite(reward):
         raise ScorerError(SCORER_OUTPUT_NOT_FINITE, f"scorer printed a non-finite reward {shown}; {_HINT}")
+    if not reward_in_range(reward):  # training would refuse the published corpus
+        raise ScorerError(SCORER_OUTPUT_INVALID, f"scorer printed the reward {shown}, out of range: a reward "
+                          f"must be {REWARD_RANGE} (training refuses larger ones)")
     return reward
 
 
@@ -73,7 +79,7 @@ def _json_values(text: str) -> list[object] | None:
             return values
         try:
             value, index = decoder.raw_decode(text, index)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested thousands of levels deep
             return None
         values.append(value)
 

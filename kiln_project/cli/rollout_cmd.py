@@ -25,7 +25,7 @@ from core.contracts.sampling import MAX_SEED
 from evaluations.generation.corpus import build_groups, build_summary, corpus_bytes
 from evaluations.generation.errors import RolloutError
 from evaluations.generation.generate import plan_requests, run_requests
-from evaluations.generation.publish import check_targets, publish_together
+from evaluations.generation.publish import check_not_inputs, check_targets, publish_together
 from evaluations.generation.template import RenderOptions, load_tasks, load_template
 from evaluations.generation.validation import check_consistency
 from kiln_project.cli.client import CliError, KilnClient
@@ -139,6 +139,8 @@ def generate(args) -> dict:
     if args.seed_start < 0 or args.seed_start + args.seeds - 1 > MAX_SEED:
         raise RolloutError("invalid_argument", f"seeds must lie within 0..{MAX_SEED}")
     output, summary_path = check_targets([args.output, args.summary_output])
+    check_not_inputs({"--output": output, "--summary-output": summary_path},
+                     {"--tasks": args.tasks, "--request-template": args.request_template, "--scorer": args.scorer})
     scorer = _check_scorer(args.scorer)
     tasks = load_tasks(args.tasks)
     template = load_template(args.request_template)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+from core.contracts.groups import JsonTextError, load_json
 from kiln_project.cli.client import CliError, KilnClient, api_path, job_id_arg
 from kiln_project.cli.output import follow, print_json, print_table
 
@@ -39,10 +39,13 @@ REQUEST_SOURCES = ("groups", "agentic_groups", "dataset_path", "dataset")  # key
 
 
 def _read(path: Path) -> str:
+    """The file as text; a leading UTF-8 BOM is dropped, as the server does for dataset files."""
     try:
-        return path.read_text()
+        return path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise CliError("file_unreadable", f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:  # its message would quote the byte
+        raise CliError("file_unreadable", f"cannot read {path}: not UTF-8 text") from None
 
 
 def load_request(path: Path) -> tuple[dict, bool]:
@@ -50,9 +53,9 @@ def load_request(path: Path) -> tuple[dict, bool]:
     one group object or JSONL lines are groups, one per line (what the server's dataset_path reads);
     a JSON list is groups too, but not JSONL (the server would misread it as lines)."""
     text = _read(path)
-    try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
+    try:  # NaN passes, as on the server, whose reward check names the field
+        whole = load_json(text, allow_nan=True)
+    except JsonTextError:
         whole = None
     if isinstance(whole, dict) and any(k in whole for k in REQUEST_SOURCES):
         return whole, False
@@ -64,9 +67,9 @@ def load_request(path: Path) -> tuple[dict, bool]:
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
-                groups.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise CliError("invalid_jsonl", f"{path}:{number}: not valid JSON ({exc.msg})") from None
+                groups.append(load_json(line, allow_nan=True))
+            except JsonTextError as exc:
+                raise CliError("invalid_jsonl", f"{path}:{number}: {exc}") from None
     if not groups:
         raise CliError("invalid_jsonl", f"{path} holds no groups")
     return {"groups": groups}, True
@@ -110,8 +113,8 @@ def _smoke_prompts(path: Path) -> list[str]:
     """A JSON list of strings, or one prompt per non-blank line."""
     text = _read(path)
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = load_json(text)
+    except JsonTextError:
         value = [line.strip() for line in text.splitlines() if line.strip()]
     if not isinstance(value, list) or not value or not all(isinstance(p, str) and p.strip() for p in value):
         raise CliError("invalid_arguments", f"{path}: give a JSON list of prompts, or one prompt per line")
