@@ -308,6 +308,14 @@ def _gate_receipt(chain: Chain):
               row.sha256, row.sha256)
 
 
+def _activated_by(body: dict) -> str:
+    """Who activated it, when a promotion did: the receipt's actor is then the approver, not someone
+    who loaded it by hand ("" for an activation without a promotion)."""
+    if body.get("promotion_id") is None:
+        return ""
+    return f"activated by promotion {body['promotion_id']}, approved by {body.get('actor') or 'someone'}, "
+
+
 @register_link("activation")
 def _activation(chain: Chain):
     """An active adapter is justified by the newest activation row bound to it (by its training job or
@@ -337,10 +345,13 @@ def _activation(chain: Chain):
                 return broken("activation", f"activation receipt row {row.id} names gate {body['gate_outcome']!r} "
                               f"of eval {body.get('eval_job_id')}, not a promoted gate of this post-eval",
                               "promoted", body["gate_outcome"])
-            return ok("activation", f"active: activation receipt row {row.id} ({body.get('reason')})",
-                      "promoted", body["gate_outcome"])
-        who = body.get("actor") or "someone"
+            return ok("activation", f"active: {_activated_by(body)}activation receipt row {row.id} "
+                      f"({body.get('reason')})", "promoted", body["gate_outcome"])
         gate = f", gate {outcome}" if chain.gated else ""
+        if body.get("promotion_id") is not None:
+            return ok("activation", f"active: {_activated_by(body).removesuffix(', ')} (receipt row {row.id}: "
+                      f"{body.get('reason')}{gate})")
+        who = body.get("actor") or "someone"
         return ok("activation", f"active: loaded by hand by {who} (receipt row {row.id}: {body.get('reason')}{gate})")
     if chain.gated:
         return broken("activation", f"active, but no activation receipt binds it to a promoted gate (gate {outcome})",

@@ -127,15 +127,19 @@ def eval_summary(job) -> dict:
     payload, result, metrics = EvalJobPayload.of(job), job.result or {}, job.metrics or {}
     counts = result.get("counts") or ({k: metrics.get(k, 0) for k in OUTCOME_KINDS} if metrics else None)
     replay = _replay(job, payload)
+    targets = _targets(payload, result) if result.get("targets") else None
+    # Several targets: a pooled accuracy or count mixes adapters and means nothing alone, so the
+    # top-level figures are null and each target's are given, in `targets` order.
+    pooled = len(payload.targets) > 1
     return {
         "job_id": str(job.uuid), "mode": payload.mode, "state": job.state, "progress": job.progress,
         "progress_message": job.progress_message, "suite_name": payload.suite["name"],
         "suite_hash": payload.suite["suite_hash"], "effective_generation_hash": payload.effective_generation_hash,
-        "targets": payload.labels, "counts": counts, "total": result.get("total", payload.suite["examples"] *
-                                                                          len(payload.targets)),
-        "accuracy": result.get("accuracy"),
-        # One figure per target: a comparison's pooled accuracy mixes adapters and means nothing alone.
-        "target_accuracies": [t.get("accuracy") for t in _targets(payload, result)] if result.get("targets") else None,
+        "targets": payload.labels, "counts": None if pooled else counts,
+        "total": result.get("total", payload.suite["examples"] * len(payload.targets)),
+        "accuracy": None if pooled else result.get("accuracy"),
+        "target_accuracies": [t["accuracy"] for t in targets] if targets else None,
+        "target_counts": [t["counts"] for t in targets] if targets else None,
         "replay_status": replay["status"] if replay else None,
         "origin": payload.origin, "created_at": job.created_at, "finished_at": job.finished_at,
         "error": job_error(job),
@@ -195,6 +199,8 @@ def eval_section(job) -> dict:
              "finish_reason": r.get("finish_reason")} for r in data["examples"][:SECTION_ROWS]]
     metrics = job.metrics or {}
     counts = data["counts"] or empty_counts()
+    for target in data["targets"]:  # a comparison shows its outcomes per target, never pooled
+        target["count_items"] = [(k, (target["counts"] or {}).get(k, 0)) for k in OUTCOME_KINDS]
     return {
         **data, "counts": counts, "rows": rows, "rows_total": len(data["examples"]),
         "rows_truncated": len(data["examples"]) > SECTION_ROWS, "compare": len(labels) > 1, "labels": labels,

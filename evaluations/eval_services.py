@@ -80,6 +80,21 @@ def _target(value, field: str) -> dict:
     return {"adapter": name, "content_sha256": adapter.content_sha256 or None}
 
 
+def _current_targets(source: EvalJobPayload, job) -> list[dict]:
+    """`job`'s targets, checked against the registry now as a new run's are (`_target`): an adapter
+    deleted or republished since would be queued only to end in errors or a replay mismatch."""
+    targets = []
+    for i, recorded in enumerate(source.targets):
+        field = "adapter" if len(source.targets) == 1 else f"adapters[{i}]"
+        current = _target(recorded.get("adapter"), field)
+        if current["content_sha256"] != recorded.get("content_sha256"):
+            raise invalid(f"adapter {recorded['adapter']!r} holds other bytes than when job {job.uuid} ran "
+                          f"({current['content_sha256']}, not {recorded.get('content_sha256')})", field,
+                          "run a new eval job on the adapter as it is now")
+        targets.append(dict(recorded))
+    return targets
+
+
 def _suite_from_request(body: dict) -> tuple[dict, str]:
     """The parsed suite (`evaluations.suites.parse_suite`'s value) and its source (registered|inline)."""
     from evaluations.suite_selectors import suite_document, suite_get
@@ -224,7 +239,7 @@ def eval_rerun(*, job, body: dict, user=None):
     chosen = set(select_examples(records, kinds))
     if not chosen:
         raise invalid(f"no example of job {job.uuid} has outcome {' / '.join(kinds)}", "outcome_kinds")
-    targets = [_target(body["adapter"], "adapter")] if "adapter" in body else [dict(t) for t in source.targets]
+    targets = [_target(body["adapter"], "adapter")] if "adapter" in body else _current_targets(source, job)
     document = _load_pinned(job)
     examples = [e for e in document["examples"] if e["id"] in chosen]
     parsed = {"name": document["name"], "description": document.get("description", ""), "scorer": document["scorer"],
@@ -253,6 +268,7 @@ def eval_replay(*, job, user=None):
     _check_evidence(job)
     if eval_records(job=job) is None:
         raise invalid(f"job {job.uuid} published no results to replay against", "job")
+    _current_targets(source, job)
     current = _served_model()
     if current != source.model:
         raise KilnError("eval_replay_model_changed", "the served model is not the one the job ran on: "

@@ -196,10 +196,11 @@ class EvalJobSummary(Schema):
     suite_hash: str
     effective_generation_hash: str
     targets: list[str]
-    counts: dict | None = None
+    counts: dict | None = None  # null with several targets (see target_counts)
     total: int | None = None
-    accuracy: float | None = None
+    accuracy: float | None = None  # null with several targets (see target_accuracies)
     target_accuracies: list[float | None] | None = None  # per target, in `targets` order
+    target_counts: list[dict | None] | None = None  # per target, in `targets` order
     replay_status: str | None = None
     origin: dict | None = None
     created_at: datetime

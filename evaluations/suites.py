@@ -112,6 +112,10 @@ def parse_example(value, index: int, suite_scorer: dict, *, scorer_exists=None) 
         example_id = str(example_id)
     if not isinstance(example_id, str) or not example_id.strip() or len(example_id) > MAX_ID_CHARS:
         raise SuiteError(f"{field}.id", f"must be a non-empty string of at most {MAX_ID_CHARS} characters")
+    if example_id != example_id.strip():
+        # "a" and "a " would be two ids that look like one: rows, reruns and the gate pair by id.
+        raise SuiteError(f"{field}.id", f"{example_id!r} has leading or trailing whitespace; ids must not "
+                                        f"(use {example_id.strip()!r})")
     messages = value.get("messages")
     if not isinstance(messages, list) or not messages or len(messages) > MAX_MESSAGES:
         raise SuiteError(f"{field}.messages", f"must be a list of 1 to {MAX_MESSAGES} chat messages")

@@ -10,8 +10,9 @@ fields (`groups` / `dataset_path` / `dataset`) are the training app's to parse.
 
 from __future__ import annotations
 
+import difflib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from core.contracts.grpo_config import GrpoConfig
@@ -32,6 +33,7 @@ class PostEvalConfig:
     @classmethod
     def from_dict(cls, value: Any) -> PostEvalConfig:
         value = check_mapping("post_eval", value)
+        _refuse_unknown_keys(value)
         return cls(
             suite=value.get("suite"),
             data_scope=value.get("data_scope", "held-out"),
@@ -68,6 +70,21 @@ class PostEvalConfig:
             "min_accuracy": self.min_accuracy,
             "include_baseline": self.include_baseline,
         }
+
+
+def _refuse_unknown_keys(value: dict) -> None:
+    """post_eval is strict, unlike GrpoConfig (spec §3 ignores unknown config keys): a misspelt
+    `min_accuracy` ignored would train and promote with no floor at all."""
+    accepted = [f.name for f in fields(PostEvalConfig)]
+    unknown = sorted(set(value) - set(accepted), key=str)
+    if not unknown:
+        return
+    key = str(unknown[0])
+    close = difflib.get_close_matches(key, accepted, n=1)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    raise GrpoConfigError(f"post_eval.{key}", f"unknown field {key!r}{guess}; post_eval accepts only: "
+                          + ", ".join(accepted), hint=f"use {close[0]}" if close else
+                          "fix or remove the field; a post_eval field is never ignored")
 
 
 @dataclass(frozen=True)

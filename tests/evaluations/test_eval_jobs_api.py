@@ -278,8 +278,19 @@ def test_compare_pairs_targets_by_example_and_refusals_become_errors(api, home, 
     assert all(t["counts"] == {"pass": 1, "fail": 1, "invalid": 0, "error": 1} for t in result["targets"])
     seeds = [b["seed"] for b in model.bodies if "refuse" not in b["messages"][-1]["content"]]
     assert seeds[:2] == seeds[2:4] == seeds[4:]  # every target gets the same per-example seed
+    # Three targets: no pooled accuracy or counts at the top level, each target's instead (in order).
+    assert result["accuracy"] is None and result["counts"] is None
+    assert result["target_accuracies"] == [1 / 3] * 3
+    assert result["target_counts"] == [{"pass": 1, "fail": 1, "invalid": 0, "error": 1}] * 3
+    [listed] = [j for j in ok(api.get("/v1/eval/jobs")) if j["job_id"] == queued["job_id"]]
+    assert listed["accuracy"] is None and listed["counts"] is None
+    assert listed["target_accuracies"] == [1 / 3] * 3 and listed["target_counts"] == result["target_counts"]
     html = _page(api, queued["job_id"])
-    assert 'id="eval-section"' in html and 'id="eval-count-pass"' in html and "context_length_exceeded" in html
+    assert 'id="eval-section"' in html and "context_length_exceeded" in html
+    assert 'id="eval-count-pass"' not in html and 'id="eval-accuracy"' not in html  # no pooled figure
+    assert '<td class="num mono" id="eval-target-1-pass">1</td>' in html
+    assert '<td class="num mono" id="eval-target-2-error">1</td>' in html
+    assert '<td class="num mono" id="eval-target-0-accuracy">0.3333</td>' in html
 
 
 def test_a_changed_adapter_fails_the_job(api, home, model):
@@ -294,3 +305,32 @@ def test_a_changed_adapter_fails_the_job(api, home, model):
     result = ok(api.get(f"/v1/eval/jobs/{queued['job_id']}"))
     assert result["state"] == "failed" and result["error"]["code"] == "eval_adapter_changed"
     assert not (home / "evals" / queued["job_id"]).exists()  # a failed job publishes nothing
+
+
+def test_rerun_and_replay_refuse_a_target_deleted_since_like_a_new_run(api, home, model):
+    """Both used to queue and end `mismatch` (replay) or all `error` (rerun); they now refuse up front
+    with the code and message `eval run` gives for the same adapter."""
+    _adapter(home)
+    ok(send(api, "post", "/v1/eval/suites", {"name": "sums", "scorer": {"type": "exact"}, "examples": EXAMPLES}))
+    queued = ok(_run(api, {"suite_name": "sums", "adapter": "a1"}))
+    run_queued_jobs("control")
+    assert ok(api.get(f"/v1/eval/jobs/{queued['job_id']}"))["state"] == "completed"
+    Adapter.objects.filter(name="a1").delete()
+    jobs_before = Job.objects.count()
+    expected = error(_run(api, {"suite_name": "sums", "adapter": "a1"}), 400, "eval_invalid_request")
+    assert expected == "adapter: no published adapter named 'a1'"
+    for route in ("rerun", "replay"):
+        message = error(send(api, "post", f"/v1/eval/jobs/{queued['job_id']}/{route}", {}), 400, "eval_invalid_request")
+        assert message == expected, route
+    assert Job.objects.count() == jobs_before  # nothing queued
+
+
+def test_replay_refuses_a_target_republished_with_other_bytes(api, home, model):
+    _adapter(home)
+    ok(send(api, "post", "/v1/eval/suites", {"name": "sums", "scorer": {"type": "exact"}, "examples": EXAMPLES}))
+    queued = ok(_run(api, {"suite_name": "sums", "adapter": "a1"}))
+    run_queued_jobs("control")
+    Adapter.objects.filter(name="a1").update(content_sha256="sha256:" + "2" * 64)
+    for route in ("rerun", "replay"):
+        message = error(send(api, "post", f"/v1/eval/jobs/{queued['job_id']}/{route}", {}), 400, "eval_invalid_request")
+        assert message.startswith("adapter: adapter 'a1' holds other bytes than when job"), route

@@ -92,6 +92,16 @@ def test_bad_suites_name_the_field_and_store_nothing(api, home, body, field):
         list((home / "adapters" / ".eval" / "suites").iterdir()) == []
 
 
+@pytest.mark.parametrize("ids, field", [(["a", "a "], "examples[1].id"), ([" q1", "q2"], "examples[0].id"),
+                                        (["q1", "q2\t"], "examples[1].id")])
+def test_an_id_with_surrounding_whitespace_is_refused(api, home, ids, field):
+    """"a" and "a " used to be two ids that look like one; the rows, reruns and the gate pair by id."""
+    examples = [{**EXAMPLES[0], "id": example_id} for example_id in ids]
+    message = error(send(api, "post", "/v1/eval/suites", _suite(examples=examples)), 400, "eval_invalid_request")
+    assert message.startswith(f"{field}: ") and "leading or trailing whitespace" in message, message
+    assert not EvalSuite.objects.exists()
+
+
 def test_a_body_that_is_not_an_object_is_an_eval_error(api, home):
     response = api.post("/v1/eval/suites", data="[1, 2]", content_type="application/json")
     error(response, 400, "eval_invalid_request")

@@ -49,6 +49,22 @@ def test_invalid_post_eval(post_eval, field):
     assert caught.value.field == field
 
 
+def test_an_unknown_post_eval_key_is_refused_with_the_close_match():
+    """A misspelt min_accuracy ignored would train and promote with no floor: post_eval is strict."""
+    with pytest.raises(GrpoConfigError) as caught:
+        GrpoSubmission.from_request({"post_eval": {"suite": "math-holdout", "min_acuracy": 0.99}})
+    assert caught.value.field == "post_eval.min_acuracy"
+    assert caught.value.code == "training_invalid_request"
+    assert "unknown field 'min_acuracy' (did you mean 'min_accuracy'?)" in caught.value.message
+    assert "suite, data_scope, generation, min_accuracy, include_baseline" in caught.value.message
+
+
+def test_unknown_config_keys_stay_accepted_and_ignored():
+    """Spec §3: only post_eval is strict; GrpoConfig still ignores keys it does not know."""
+    submission = GrpoSubmission.from_request({"config": {"not_a_grpo_key": 1}, "post_eval": {"suite": "s"}})
+    assert submission.post_eval.suite == "s"
+
+
 def test_train_set_eval_without_gate_is_allowed():
     assert PostEvalConfig.from_dict({"suite": "s", "data_scope": "train-set-eval"}).min_accuracy is None
 

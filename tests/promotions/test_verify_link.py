@@ -59,3 +59,24 @@ def test_an_adapter_not_activated_by_a_promotion_passes_the_link(home):
     build_chain(home, "plain", loaded=True)
     link = {x.link: x for x in verify_adapter("plain").links}["promotion"]
     assert link.ok and "not activated through a promotion" in link.detail
+
+
+def test_an_activation_by_an_approved_promotion_is_not_called_a_load_by_hand(home):
+    """The receipt's actor is the approver: the link names the promotion and who approved it."""
+    requester, reviewer, _ = users()
+    build_chain(home, "few", loaded=False)
+    promotion = promotion_request(candidate="few", user=requester, reason="looks better")
+    promotion = approve(promotion.id, reviewer, "ship it")
+    assert promotion.state == "applied"
+    report = verify_adapter("few")
+    assert report.ok, report.to_dict()
+    detail = {x.link: x for x in report.links}["activation"].detail
+    assert detail.startswith(f"active: activated by promotion {promotion.id}, approved by reviewer (receipt row ")
+    assert "by hand" not in detail
+
+
+def test_a_gated_promotion_names_the_promotion_and_its_approver(home):
+    promotion = _approved(home)
+    detail = {x.link: x for x in verify_adapter("gated").links}["activation"].detail
+    assert detail.startswith(f"active: activated by promotion {promotion.id}, approved by reviewer, "
+                             "activation receipt row ")

@@ -45,6 +45,19 @@ def test_post_eval_inside_config_is_refused_not_ignored(api, home):
     assert not Job.objects.exists()
 
 
+def test_a_misspelt_post_eval_key_is_refused_not_ignored(api, home):
+    """`min_acuracy` used to be dropped silently: the run trained with no floor and auto-loaded."""
+    _suite("math-holdout", [_example(1, "What is 100 + 100?")])
+    body = {"groups": [group(1), group(2)], "config": {"output_name": "m-r001"},
+            "post_eval": {"suite": "math-holdout", "min_acuracy": 0.99}}
+    response = _train(api, body)
+    message = error(response, 400, "training_invalid_request")
+    assert message.startswith("post_eval.min_acuracy: unknown field 'min_acuracy' (did you mean 'min_accuracy'?)")
+    assert "post_eval accepts only: suite, data_scope, generation, min_accuracy, include_baseline" in message
+    assert response.json()["error"]["hint"] == "use min_accuracy"
+    assert not Job.objects.exists()
+
+
 def test_post_eval_under_the_maintenance_profile_is_refused_before_it_trains(api, home, settings):
     """Maintenance refuses evaluation: a gate could only end in error, so the run is not queued; the
     same run without post_eval trains (maintenance admits training)."""

@@ -168,3 +168,33 @@ def test_the_admin_shows_transitions_promotions_and_receipts_read_only(admin_cli
         change = admin_client.get(f"/admin/{model}/{pk}/change/")
         assert change.status_code == 200 and 'name="_save"' not in change.content.decode(), model
         assert admin_client.post(f"/admin/{model}/{pk}/delete/", {"post": "yes"}).status_code == 403, model
+
+
+def test_the_gate_box_says_the_gate_did_not_activate_an_adapter_that_serves_now(home, registry):
+    """An inconclusive gate, then r2 made active by hand: the box used to say "it is not served"."""
+    from evaluations.gate import GateArm, paired_wilson_v1
+
+    requester, _, job = registry
+    ids = [f"e{i}" for i in range(5)]
+    arms = [GateArm(adapter=name, suite_name="held-out", suite_hash="sha256:" + "a" * 64,
+                    effective_generation_hash="sha256:" + "9" * 64, outcomes=dict.fromkeys(ids, outcome))
+            for name, outcome in (("r1", "fail"), ("r2", "pass"))]
+    evidence = paired_wilson_v1(baseline=arms[0], candidate=arms[1], eval_job_id=None, min_accuracy=0.5).evidence
+    assert evidence["outcome"] == "inconclusive"
+    post_eval = job_submit(kind="test.steps", payload={"steps": 1}, title="post-eval", user=requester)
+    Job.objects.filter(id=post_eval.id).update(kind="training.post_eval", state="completed", result={
+        "gate_outcome": "inconclusive", "post_eval_gate_evidence": [evidence]})
+    Job.objects.filter(id=job.id).update(result={"post_eval_job_id": str(post_eval.uuid)})
+    client = _client(requester)
+
+    def box(element_id: str) -> str:  # an element's text, tags dropped
+        inner = _row(html, element_id, "</p>").split(">", 1)[1]
+        return " ".join(unescape(re.sub(r"<[^>]+>", "", inner)).split())
+
+    html = client.get("/ui/adapters/r2/").content.decode()
+    assert box("gate-decision").endswith("above the floor: the gate did not activate it.")
+    assert box("gate-serving") == "Serving now: r1; the candidate r2 is not served."
+    Adapter.objects.filter(name="r1").update(loaded=False)
+    Adapter.objects.filter(name="r2").update(loaded=True)
+    html = client.get("/ui/adapters/r2/").content.decode()
+    assert box("gate-serving") == "Serving now: r2, this candidate." and "not served" not in html

@@ -239,7 +239,8 @@ def test_the_jobs_tab_lists_eval_jobs_with_accuracy_and_a_compare_link(operator_
     row = html[html.index(f'id="eval-job-{done.uuid}"'):]
     row = row[:row.index("</tr>")]
     assert "compare view" in row and ">compare<" in row and "sums" in row and "base, a1" in row
-    assert f'href="/ui/evaluations/jobs/{done.uuid}/compare/"' in row and "pass 8 / 10" in row
+    assert f'href="/ui/evaluations/jobs/{done.uuid}/compare/"' in row
+    assert "pass 3 · 5" in row and "pass 8 / 10" not in row  # each target's passes, not the pooled count
     # Each target's accuracy, in the targets' order, not the pooled 0.8.
     cell = row[row.index('eval-job-accuracy">') + len('eval-job-accuracy">'):]
     cell = cell[:cell.index("<")].strip()
@@ -276,7 +277,9 @@ def test_gate_evidence_of_a_promoted_adapter(home):
     assert evidence["outcome"] == "promoted"
     html = _gate(evidence)
     assert 'data-outcome="promoted"' in html and _text(html, "gate-outcome") == "promoted"
-    assert "passed the gate and is served" in html
+    assert _text(html, "gate-decision") == "The new adapter passed the gate: the gate allowed its activation."
+    # Nothing is active here: the box says so from the registry, not from the outcome.
+    assert _text(html, "gate-serving") == "Serving now: the base model; the candidate round-2 is not served."
     assert _text(html, "gate-reason").startswith("Why: significant paired improvement")
     assert _text(html, "gate-paired") == "20 (at least 20 needed)"
     assert (_text(html, "gate-improved"), _text(html, "gate-regressed"), _text(html, "gate-tied")) == ("20", "0", "0")
@@ -288,9 +291,11 @@ def test_gate_evidence_of_a_promoted_adapter(home):
     assert _text(html, "gate-baseline-bounds") == f"0 – {evidence['baseline_accuracy_upper_bound']:.4g}"
     assert "round-2" in html and ">base<" in html and "reaches it" in _text(html, "gate-floor")
     assert "paired_wilson_v1" in html and "held-out" in html
-    assert 'href="/ui/evaluations/jobs/0d6f3a52-9c1e-4b7a-8f00-5b2e1c7d9a10/compare/"' in html
+    # This eval job id is in no registry: named, not linked to a page that would answer 404.
+    assert _text(html, "gate-eval-job") == "0d6f3a52 · compare (deleted)" and "/compare/" not in html
     kept = _gate(finalize_evidence(evidence, auto_load=False))
-    assert _text(kept, "gate-outcome") == "kept" and "kept but not loaded" in kept
+    assert _text(kept, "gate-outcome") == "kept"
+    assert "auto-load was off, so the gate did not activate it" in _text(kept, "gate-decision")
 
 
 def test_gate_evidence_of_a_regression_and_of_an_unpaired_error(home):
@@ -298,7 +303,7 @@ def test_gate_evidence_of_a_regression_and_of_an_unpaired_error(home):
     assert evidence["outcome"] == "regression"
     html = _gate(evidence)
     assert _text(html, "gate-outcome") == "regression" and "badge state-failed" in html
-    assert "stays unloaded and the baseline keeps serving" in html
+    assert _text(html, "gate-decision").endswith("worse than the baseline: the gate did not activate it.")
     assert _text(html, "gate-reason").startswith("Why: the candidate is significantly worse than the baseline")
     assert (_text(html, "gate-improved"), _text(html, "gate-regressed")) == ("0", "20")
     assert _text(html, "gate-p-value") == "1.907e-06" and _text(html, "gate-significance") == "significant regression"

@@ -87,6 +87,10 @@ def test_unknown_fields_and_bad_values_are_refused_with_training_codes(api, serv
     error_of(preflight(api, {"output_adapter": "x", "post_eval": {"suite": "nope"}}), 404, "eval_suite_not_found")
     error_of(preflight(api, {"output_adapter": "x", "post_eval": {"data_scope": "held-out"}}), 400,
              "training_invalid_request")
+    # post_eval is strict here too (the OpenEnv train run seals through this preflight)
+    typo = error_of(preflight(api, {"output_adapter": "x", "post_eval": {"suite": "s", "min_acuracy": 0.9}}), 400,
+                    "training_invalid_request")
+    assert typo["message"].startswith("post_eval.min_acuracy: unknown field 'min_acuracy' (did you mean 'min_accuracy'?)")
 
     settings.KILN = replace(settings.KILN, max_queued_jobs=0)
     response = preflight(api, {"output_adapter": "x"})
