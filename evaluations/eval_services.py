@@ -289,5 +289,5 @@ def eval_cancel_or_delete(*, job, user=None) -> str:
     if job.state in (JobState.QUEUED, JobState.RUNNING):
         job = job_cancel(job=job, user=user)
         return "cancelling" if job.state == JobState.RUNNING else "cancelled"
-    job_delete(job=job, user=user, not_finished_code="eval_job_not_deletable")
+    job_delete(job=job, user=user, not_finished_code="eval_job_not_deletable", not_found_code="eval_job_not_found")
     return "deleted"
