@@ -211,14 +211,34 @@ def environment_index(group_index: int, environment_count: int) -> int:
     return group_index % environment_count
 
 
-def effective_reset(template: Mapping[str, Any], seed: int) -> dict:
-    """The reset payload: the seed-free template with any caller `seed` removed and the group seed inserted."""
+def episode_id_for(seed: int) -> str:
+    """The episode id Kiln sends with a group's reset when the caller's template names none.
+
+    OpenEnv's servers give an episode without one a random id (`uuid4`), and many put it in their
+    state and observations (the `openenv init` template's state, the counter env's metadata). The
+    candidates of a group would then start from different observations (a rejected group), and a
+    replay would never match the recorded final state. One id per seed keeps a group's starts
+    identical and a replay's reset the same as the collection's."""
+    return f"kiln-seed-{seed}"
+
+
+def effective_reset(template: Mapping[str, Any], seed: int, *, with_episode_id: bool = True) -> dict:
+    """The reset payload: the seed-free template with any caller `seed` removed and the group seed
+    inserted, and (unless the template names one) the seed's episode id. `with_episode_id=False`: the
+    payload of collections recorded before Kiln sent an episode id (verification still accepts them)."""
     if not isinstance(template, Mapping):
         raise ValueError("reset options must be a JSON object")
     payload = {k: v for k, v in template.items() if k != "seed"}
     payload["seed"] = seed
+    if with_episode_id and "episode_id" not in payload:
+        payload["episode_id"] = episode_id_for(seed)
     return payload
 
 
 def seed_free(template: Mapping[str, Any]) -> dict:
-    return {k: v for k, v in template.items() if k != "seed"}
+    """The caller's template behind a reset payload: without the seed, and without the episode id Kiln
+    inserted for that seed (a caller's own episode_id stays)."""
+    seed = template.get("seed")
+    inserted = episode_id_for(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None
+    return {k: v for k, v in template.items()
+            if k != "seed" and not (k == "episode_id" and inserted is not None and v == inserted)}

@@ -180,7 +180,20 @@ def test_environment_index_rotates_whole_groups():
 
 def test_effective_reset_replaces_any_caller_seed():
     template = {"difficulty": "hard", "seed": 5}
-    assert effective_reset(template, 71) == {"difficulty": "hard", "seed": 71}
+    assert effective_reset(template, 71) == {"difficulty": "hard", "seed": 71, "episode_id": "kiln-seed-71"}
     assert template == {"difficulty": "hard", "seed": 5}
     assert seed_free(template) == {"difficulty": "hard"}
-    assert effective_reset({}, 0) == {"seed": 0}
+    assert effective_reset({}, 0) == {"seed": 0, "episode_id": "kiln-seed-0"}
+    assert effective_reset({}, 0, with_episode_id=False) == {"seed": 0}
+
+
+def test_a_reset_names_one_episode_id_per_seed_unless_the_caller_names_one():
+    """OpenEnv servers give an episode without an id a random one, which their state and observations
+    may carry: a group's candidates would start differently and a replay would never match."""
+    assert effective_reset({}, 7)["episode_id"] == effective_reset({}, 7)["episode_id"] != \
+        effective_reset({}, 8)["episode_id"]
+    assert effective_reset({"episode_id": "mine"}, 7) == {"episode_id": "mine", "seed": 7}
+    # The caller's template behind a payload: Kiln's inserted id goes, the caller's own stays.
+    assert seed_free(effective_reset({"target": 2}, 9)) == {"target": 2}
+    assert seed_free(effective_reset({"episode_id": "mine"}, 9)) == {"episode_id": "mine"}
+    assert seed_free({"seed": 9, "episode_id": "kiln-seed-8"}) == {"episode_id": "kiln-seed-8"}

@@ -42,9 +42,11 @@ def test_seeds_reset_plan_round_robin_and_generation_seeds(tmp_path):
         resets_b = [f["data"] for f in b.settle().received if f["type"] == "reset"]
     # whole groups rotate: groups 0 and 2 on the first URL, 1 and 3 on the second; the caller seed is replaced
     assert sorted(r["seed"] for r in resets_a) == [100, 100, 102, 102]
-    assert all(r == {"target": 2, "max_steps": 3, "seed": r["seed"]} for r in resets_a)
+    # each reset names the seed's episode id: every candidate of a group starts the same episode
+    assert all(r == {"target": 2, "max_steps": 3, "seed": r["seed"], "episode_id": f"kiln-seed-{r['seed']}"}
+               for r in resets_a)
     assert sorted(r["seed"] for r in resets_b) == [101, 101, 103, 103]
-    assert all(r == {"seed": r["seed"]} for r in resets_b)
+    assert all(r == {"seed": r["seed"], "episode_id": f"kiln-seed-{r['seed']}"} for r in resets_b)
     summary = bundle.summary_value
     assert summary["reset_plan_sha256"] == json_digest([{"target": 2, "max_steps": 3}, {}])
     replay = json.loads(bundle.replay)
@@ -62,7 +64,8 @@ def test_seeds_reset_plan_round_robin_and_generation_seeds(tmp_path):
     assert len(groups) == 4 and all(len(g["completions"]) == 2 for g in groups)
     first = groups[0]["completions"][0]
     assert first["openenv"]["schema"] == "kiln.openenv-rollout.v1"
-    assert first["openenv"]["reset_sha256"] == json_digest({"target": 2, "max_steps": 3, "seed": 100})
+    assert first["openenv"]["reset_sha256"] == json_digest({"target": 2, "max_steps": 3, "seed": 100,
+                                                                  "episode_id": "kiln-seed-100"})
     assert first["openenv"]["behavior_policy"] == FAKE_BEHAVIOR
     assert first["reward"] == first["openenv"]["episode_return"]
     assert groups[0]["messages"][0]["role"] == "system" and '"maximum": 3' in groups[0]["messages"][0]["content"]
@@ -241,6 +244,8 @@ def test_a_group_whose_resets_differ_is_rejected(tmp_path):
         with pytest.raises(CollectionError) as info:
             run_collection(config)
     assert info.value.code == "openenv_reset_not_identical"
+    assert "(first difference at reset.observation.target)" in info.value.message
+    assert "`seed`" in info.value.hint and "episode_id" in info.value.hint
 
 
 def test_configuration_bounds_fail_before_any_connection(tmp_path):

@@ -90,7 +90,7 @@ def test_a_better_candidate_passes_with_the_exact_p(counter, tmp_path):
             for side in replays}
     assert plan["baseline"] == plan["candidate"]
     assert [g[2] for g in plan["baseline"]] == list(seeds)
-    assert [g[3] for g in plan["baseline"]] == [{"seed": s} for s in seeds]
+    assert [g[3] for g in plan["baseline"]] == [{"seed": s, "episode_id": f"kiln-seed-{s}"} for s in seeds]
     for key in ("groups", "group_size", "seed_start", "max_steps", "concurrency", "max_action_tokens", "temperature",
                 "thinking", "protocol_error_reward", "reset_plan_sha256"):
         assert summaries["baseline"][key] == summaries["candidate"][key], key
