@@ -281,13 +281,15 @@ def _progress():
 
 def _kiln_post(client):
     from openenv.collector import CollectionError
+    from openenv.collector.errors import policy_refusal_hint
 
     async def post(body: dict) -> dict:
         try:
             return await asyncio.to_thread(client.post, "/v1/chat/completions", json=body)
         except CliError as exc:
             raise CollectionError("openenv_policy_failed", f"the model server answered {exc.code}: {exc.message}",
-                                  failure_code="model_inference_failed", hint=exc.hint or None) from None
+                                  failure_code="model_inference_failed",
+                                  hint=policy_refusal_hint(exc.code, exc.hint)) from None
 
     return post
 

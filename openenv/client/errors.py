@@ -156,6 +156,9 @@ class OpenEnvTimeout(OpenEnvSessionPoisoned):
     code = "openenv_timeout"
     failure_code = FAILURE_UNAVAILABLE
     retryable = True
+    default_hint = ("the environment took longer than Kiln waits for one reply (the message says how long): check "
+                    "its logs for a blocked or slow reset, step or state; the episode cannot continue on this "
+                    "socket, and actions are never resent")
 
 
 # Close codes (RFC 6455 §7.4) that say the peer went away or cannot serve now, as does a socket that
@@ -191,6 +194,9 @@ class OpenEnvBinaryFrame(OpenEnvSessionPoisoned):
 
 class OpenEnvFrameTooLarge(OpenEnvSessionPoisoned):
     code = "openenv_frame_too_large"
+    default_hint = ("an observation or state frame is larger than Kiln reads (the message says the limit): make "
+                    "the environment's observations smaller, e.g. a short `input_text` for the model with bulky "
+                    "data left out; the episode cannot continue on this socket")
 
 
 class OpenEnvMalformedJson(OpenEnvSessionPoisoned):

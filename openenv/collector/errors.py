@@ -80,6 +80,22 @@ DEFAULT_HINTS = {
 }
 
 
+# A model-server refusal seen from an episode: the chat route's hint speaks of messages and max_tokens,
+# which an OpenEnv user does not write; these say what the user can change instead.
+POLICY_REFUSAL_HINTS = {
+    "context_length_exceeded": "the episode's prompt (the system prompt with the action schema, then every "
+                               "observation so far) no longer fits the model's context: have the environment send "
+                               "a short observation `input_text` (Kiln then shows it instead of the whole wire "
+                               "JSON), make its observations smaller, lower --max-steps, or serve a model with a "
+                               "longer context",
+}
+
+
+def policy_refusal_hint(code: str, hint: str | None) -> str | None:
+    """The hint for an episode whose model request was refused with `code` (the route's own `hint` else)."""
+    return POLICY_REFUSAL_HINTS.get(code) or hint or None
+
+
 def failure_record(code: str, stage: str, message: str, *, retryable: bool = False, hint: str | None = None,
                    protocol_code: str | None = None, http_status: int | None = None,
                    occurred_unix_ms: int | None = None) -> dict:

@@ -32,6 +32,7 @@ from openenv.collector import ChatCompletionPolicy, CollectionError
 from openenv.collector.collect import collect, discover, publish
 from openenv.collector.config import adapter_name
 from openenv.collector.diagnosis import invalid_action_warning
+from openenv.collector.errors import policy_refusal_hint
 from openenv.models import COLLECTION_STATES, OpenEnvRun, RunState
 from openenv.runs import services
 from openenv.runs.request import collection_config
@@ -81,7 +82,7 @@ def _chat_post():
             # 503/504 (the worker shutting down or lost, a timeout) pass; a retry may succeed
             raise CollectionError("openenv_policy_failed", f"the model server answered {exc.code}: {exc.message}",
                                   failure_code="collection_failed", retryable=exc.status in (503, 504),
-                                  hint=exc.hint or None) from None
+                                  hint=policy_refusal_hint(exc.code, exc.hint)) from None
         except Exception as exc:
             if not broker_lost(exc):
                 raise

@@ -141,6 +141,19 @@ def test_poisoning(case, on):
     if on == "reset":
         assert start is None
     assert TOKEN not in str(error) and TOKEN not in repr(error.as_dict())
+    # what the user can do about it, not only that the socket is gone
+    if case == "timeout":
+        assert "no reply within 0.5 s" in str(error) and "blocked or slow" in error.hint
+    if case == "oversized":
+        assert "smaller" in error.hint and "input_text" in error.hint
+
+
+def test_an_episode_too_long_for_the_context_says_what_an_environment_user_can_change():
+    from openenv.collector.errors import policy_refusal_hint
+
+    hint = policy_refusal_hint("context_length_exceeded", "shorten the messages or lower max_tokens")
+    assert "input_text" in hint and "--max-steps" in hint and "max_tokens" not in hint
+    assert policy_refusal_hint("adapter_not_found", "list adapters") == "list adapters"
 
 
 def test_an_unsolicited_frame_before_any_request_poisons_the_reset():
