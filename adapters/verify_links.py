@@ -351,6 +351,10 @@ def _activation(chain: Chain):
         if body.get("promotion_id") is not None:
             return ok("activation", f"active: {_activated_by(body).removesuffix(', ')} (receipt row {row.id}: "
                       f"{body.get('reason')}{gate})")
+        if "origin_job_id" in body:  # an adapter.activate job Kiln queued: auto_load, an environment gate
+            origin = f" for job {body['origin_job_id']}" if body.get("origin_job_id") else ""
+            return ok("activation", f"active: activated by Kiln{origin} (receipt row {row.id}: "
+                      f"{body.get('reason')}{gate})")
         who = body.get("actor") or "someone"
         return ok("activation", f"active: loaded by hand by {who} (receipt row {row.id}: {body.get('reason')}{gate})")
     if chain.gated:

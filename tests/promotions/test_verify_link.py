@@ -80,3 +80,18 @@ def test_a_gated_promotion_names_the_promotion_and_its_approver(home):
     detail = {x.link: x for x in verify_adapter("gated").links}["activation"].detail
     assert detail.startswith(f"active: activated by promotion {promotion.id}, approved by reviewer, "
                              "activation receipt row ")
+
+
+def test_an_activation_kiln_queued_is_not_called_a_load_by_hand(home):
+    """auto_load and an environment gate queue an adapter.activate job; no person loaded the adapter."""
+    from adapters.activation import activation_submit
+    from tests.support.canary import drain_activations
+
+    build_chain(home, "sayer", loaded=False)
+    job = activation_submit(name="sayer", reason="environment gate passed (OpenEnv run r-1)")
+    drain_activations()
+    report = verify_adapter("sayer")
+    assert report.ok, report.to_dict()
+    detail = {x.link: x for x in report.links}["activation"].detail
+    assert detail.startswith("active: activated by Kiln (receipt row ") and "by hand" not in detail
+    assert "environment gate passed (OpenEnv run r-1)" in detail and job.kind == "adapter.activate"
