@@ -235,11 +235,15 @@ def _tasks(args, endpoint, credential) -> int:
     names = [s.get("name", s) if isinstance(s, dict) else s for s in catalog["splits"]]
     print(f"splits       {_clean(', '.join(map(str, names))) or '-'}")
     if "tasks" in catalog:
-        shown = len(catalog["tasks"])
+        shown, total = len(catalog["tasks"]), catalog["num_tasks"]
+        if not shown and isinstance(total, int) and catalog["start"] >= total > 0:
+            raise CliError("openenv_invalid_task_selection", f"--start {catalog['start']} is past the end of split "
+                           f"{_clean(catalog['split'])!r}, which has {total} tasks",
+                           f"use --start 0..{total - 1}")
         print(f"split        {_clean(catalog['split'])}: tasks {catalog['start']}..{catalog['start'] + shown} "
-              f"of {catalog['num_tasks']} (catalog rows are not reset data)")
-        for row in catalog["tasks"]:
-            print("  " + _clean(json.dumps(row, sort_keys=True))[:300])
+              f"of {total} (catalog rows are not reset data)")
+        for row in catalog["tasks"]:  # text as it is (ensure_ascii off), control characters still escaped
+            print("  " + _clean(json.dumps(row, sort_keys=True, ensure_ascii=False))[:300])
     return 0
 
 

@@ -178,3 +178,27 @@ def test_an_explicit_dataset_that_is_missing_is_named(capsys, offline, downloads
     assert code == 1
     assert err == (f"error: file_not_found: the dataset {missing} does not exist (hint: give the collection's "
                    "dataset file)\n")
+
+
+def _catalog(monkeypatch, *, start, tasks, total=250):
+    import openenv.client.tasks as tasks_module
+
+    async def fake(endpoint, **kwargs):
+        return {"environment_name": "words", "base_url": endpoint.base_url, "task_api": "supported",
+                "splits": ["train"], "split": "train", "start": start, "num_tasks": total, "tasks": tasks}
+
+    monkeypatch.setattr(tasks_module, "task_catalog", fake)
+
+
+def test_tasks_past_the_end_of_a_split_is_an_error_not_an_empty_page(capsys, monkeypatch):
+    _catalog(monkeypatch, start=300, tasks=[])
+    code, out, err = _run(capsys, "openenv", "tasks", "http://127.0.0.1:9", "--split", "train", "--start", "300")
+    assert code == 1 and "tasks 300..300" not in out
+    assert err == ("error: openenv_invalid_task_selection: --start 300 is past the end of split 'train', which has "
+                   "250 tasks (hint: use --start 0..249)\n")
+
+
+def test_tasks_text_shows_non_ascii_as_it_is_and_control_characters_never(capsys, monkeypatch):
+    _catalog(monkeypatch, start=0, tasks=[{"word": "über", "note": "a\x1b[2Jb"}])
+    code, out, _ = _run(capsys, "openenv", "tasks", "http://127.0.0.1:9", "--split", "train")
+    assert code == 0 and '"word": "über"' in out and "\\u00fc" not in out and "\x1b" not in out
