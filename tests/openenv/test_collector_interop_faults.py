@@ -84,7 +84,7 @@ def test_a_step_that_raises_mid_episode_is_feedback_on_the_same_socket(python, t
         # the same episode went on: the environment's own state counts only the moves that succeeded
         state = candidate["final_state"]
         assert state["value"] == state["target"] == 4 and state["step_count"] == len(exchanges) - 1
-        assert state["episode_id"].startswith("seed-")
+        assert state["episode_id"].startswith("kiln-seed-")  # the id Kiln named in the reset
     trajectory = json.loads(config.output_path.read_text().splitlines()[0])["completions"][0]["trajectory"]
     feedback = [s for s in trajectory if s["kind"] == "observation" and s["content"].startswith('{"openenv_error"')]
     assert len(feedback) == 1 and json.loads(feedback[0]["content"])["recoverable"] is True
