@@ -26,20 +26,6 @@ _STATUS = {"invalid_request": 400, "context_length_exceeded": 400, "adapter_not_
            "generation_failed": 500, "registry_unavailable": 503}
 
 
-_HINTS = {
-    "adapter_not_found": "list published adapters with GET /v1/adapters; leave adapter out for the active one, "
-                         "or send \"base\" for the base model",
-    "adapter_content_mismatch": "the adapter's files changed after publication: republish it under a new name, "
-                                "or restore its files (kiln adapters verify NAME says which changed)",
-    "adapter_load_failed": "the adapter's config and weights do not fit this model: check the adapter folder",
-    "context_length_exceeded": "shorten the messages or lower max_tokens",
-    "registry_unavailable": "the database behind the adapter registry did not answer: check that it is up "
-                            "(GET /health), then send the request again",
-    "server_shutting_down": "the GPU worker is stopping (kiln serve is shutting down or restarting it): "
-                            "send the request again once GET /health says the model is loaded",
-}
-
-
 def served_adapter_bytes(name: str):
     """The sampler's registry look-up (its folder and digest), on the sampler's long-lived thread.
 
@@ -259,22 +245,25 @@ def chat_completion(body, *, emit=None, reader_gone=None) -> dict:
 
     With `emit` (streaming), the text is relayed token by token as it is sampled. With `reader_gone`,
     the requests are cancelled (ReaderGone) once it says nobody waits for the answer."""
+    from adapters.serving.limits import hint_for
     from adapters.serving.streaming import StreamRelay
     from gpu_runtime.sample_types import SampleRequestError
 
     host = start_model_host()
     host.wait_ready()
     messages, requests = _sample_requests(body, seed_base=body.seed)
-    # `model` names what was served (the request's `model` field selects nothing: one model is resident).
+    # `model` names the resident base model (a request's `model` that names an adapter reached here as
+    # `adapter`, resolved by the web process; each choice's `adapter` says which one served it).
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
             "model": host.loaded.served_model_id}
+    if body.include_usage:
+        meta["usage"] = None  # OpenAI: with include_usage every chunk but the last has usage: null
     relay = None
     if emit is not None:
         relay = StreamRelay(tokenizer=host.loaded.tokenizer, n=len(requests), meta=meta, emit=emit,
                             thinking=body.chat_template_kwargs.enable_thinking, stops=list(body.stop))
         for index, request in enumerate(requests):
             request.on_token = relay.on_token(index)
-        relay.start()
     try:
         handles = []
         for request in requests:
@@ -284,7 +273,7 @@ def chat_completion(body, *, emit=None, reader_gone=None) -> dict:
     except SampleRequestError as exc:
         for handle in handles:
             handle.cancel()
-        raise KilnError(exc.code, exc.message, status=_STATUS.get(exc.code, 500), hint=_HINTS.get(exc.code, "")) from None
+        raise KilnError(exc.code, exc.message, status=_STATUS.get(exc.code, 500), hint=hint_for(exc.code)) from None
     set_worker_status(resident_adapters=host.sampler.resident_adapters())  # the heartbeat carries it
     choices = [_choice(i, r, messages=messages, with_provenance=body.rollout_provenance) for i, r in enumerate(results)]
     usage = {key: sum(r.usage.get(key, 0) for r in results)
@@ -299,10 +288,14 @@ def chat_completion(body, *, emit=None, reader_gone=None) -> dict:
             "system_fingerprint": host.loaded.identity.get("inference_config_sha256")}
 
 
-def _final_chunks(response: dict) -> list[dict]:
-    """After the streamed text: each choice's finish (with its provenance record), then usage."""
+def _final_chunks(response: dict, *, include_usage: bool) -> list[dict]:
+    """After the streamed text: each choice's finish (with its provenance record), then, when the request
+    asked for it (stream_options.include_usage), the usage in a chunk with no choices (OpenAI's order:
+    a client that reads choices[0] of every chunk breaks on a chunk it did not ask for)."""
     base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
             "model": response["model"]}
+    if include_usage:
+        base["usage"] = None
     chunks = []
     for choice in response["choices"]:
         index = choice["index"]
@@ -310,13 +303,15 @@ def _final_chunks(response: dict) -> list[dict]:
         if "rollout_provenance" in choice:
             final["rollout_provenance"] = choice["rollout_provenance"]
         chunks.append({**base, "choices": [final]})
-    chunks.append({**base, "choices": [], "usage": response["usage"]})
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": response["usage"]})
     return chunks
 
 
 def handle_chat_completion(raw_body: dict, emit, reader_gone=None) -> None:
     """The `infer` actor's work: ends with exactly one `done` or `error` event, or with none when
     `reader_gone()` says nobody waits any more (its requests are then cancelled, not finished)."""
+    from adapters.serving.limits import hint_for
     from adapters.serving.schemas import ChatCompletionRequest
 
     try:
@@ -326,14 +321,15 @@ def handle_chat_completion(raw_body: dict, emit, reader_gone=None) -> None:
         log.info("chat completion abandoned by its reader: generation stopped")
         return
     except KilnError as exc:
-        emit({"type": "error", "code": exc.code, "message": exc.message, "hint": exc.hint, "status": exc.status})
+        emit({"type": "error", "code": exc.code, "message": exc.message, "hint": exc.hint or hint_for(exc.code),
+              "status": exc.status})
         return
     except Exception as exc:  # noqa: BLE001 - reported to the caller, logged here
         log.exception("chat completion failed")
         emit({"type": "error", "code": "inference_failed", "message": f"{type(exc).__name__}: {exc}"[:500],
-              "status": 500})
+              "hint": hint_for("inference_failed"), "status": 500})
         return
-    if raw_body.get("stream"):
-        emit({"type": "done", "final_chunks": _final_chunks(response)})
+    if body.stream:
+        emit({"type": "done", "final_chunks": _final_chunks(response, include_usage=body.include_usage)})
     else:
         emit({"type": "done", "response": response})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from core.contracts.sampling import (
     MAX_SEED,
@@ -18,6 +18,8 @@ from core.contracts.sampling import (
     PENALTY_LIMIT,
     REPETITION_PENALTY_MAX,
     TEMPERATURE_MAX,
+    seed_range_problem,
+    stop_bytes_problem,
 )
 
 
@@ -65,6 +67,13 @@ class ChatTemplateKwargs(BaseModel):
     enable_thinking: bool = True
 
 
+class StreamOptions(BaseModel):
+    # Other options OpenAI defines (include_obfuscation) change nothing here: ignored, not refused.
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: StrictBool = False  # a last chunk with `choices: []` and the usage, as OpenAI sends
+
+
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -73,6 +82,7 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(1, ge=1)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)  # u64, like every other seed (core.contracts.sampling)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=TEMPERATURE_MAX)
@@ -107,6 +117,10 @@ class ChatCompletionRequest(BaseModel):
         stops = [value] if isinstance(value, str) else list(value or [])
         if len(stops) > MAX_STOP_SEQUENCES or any(not s for s in stops):
             raise ValueError(f"stop takes at most {MAX_STOP_SEQUENCES} non-empty strings")
+        # Checked here, not only by the GPU worker: a stream would already have answered 200.
+        problem = stop_bytes_problem([_unicode_text(s) for s in stops])
+        if problem:
+            raise ValueError(problem)
         return stops
 
     @model_validator(mode="after")
@@ -124,6 +138,10 @@ class ChatCompletionRequest(BaseModel):
         for budget in ("thinking_budget_tokens", "thinking_budget_ms"):
             if getattr(self, budget) is not None and not self.chat_template_kwargs.enable_thinking:
                 raise ValueError(f"{budget} needs chat_template_kwargs.enable_thinking = true")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        if problem := seed_range_problem(self.seed, self.n):
+            raise ValueError(problem)
         if self.messages[-1].role == "assistant":
             raise ValueError("the last message must not be the assistant's: Kiln generates that turn")
         return self
@@ -131,6 +149,10 @@ class ChatCompletionRequest(BaseModel):
     @property
     def effective_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
     @property
     def adapter_name(self) -> str | None:

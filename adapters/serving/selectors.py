@@ -36,16 +36,50 @@ def worker_dead(worker_id: str) -> bool:
     return worker_is_dead(WorkerHeartbeat.objects.filter(worker_id=worker_id).first())
 
 
-def served_models() -> list[dict]:
-    created = 0
-    models = []
+def served_base_model_id() -> str | None:
+    """The id of the base model a live GPU worker has loaded; None while none has."""
     for worker in _inference_workers():
         model = worker.status.get("model") or {}
         if model.get("loaded"):
-            models.append({"id": model.get("served_model_id", "kiln"), "object": "model", "created": created,
-                           "owned_by": "kiln", "root": str(settings.KILN.model_path or "")})
-            break
+            return model.get("served_model_id", "kiln")
+    return None
+
+
+def _servable_adapters():
+    """Published adapters a chat completion may name (require_servable_adapter admits them): not
+    quarantined, unless an operator loaded one anyway."""
+    from django.db.models import Q
+
+    from adapters.models import Adapter, AdapterState
+
+    return (Adapter.objects.filter(state=AdapterState.PUBLISHED).exclude(path="")
+            .filter(Q(quarantined=False) | Q(loaded=True)).order_by("name"))
+
+
+def served_models() -> list[dict]:
+    """GET /v1/models: the base model, then each servable adapter (`parent` names the base, as vLLM
+    lists LoRA adapters); empty while no GPU worker has the model loaded."""
+    base = served_base_model_id()
+    if base is None:
+        return []
+    models = [{"id": base, "object": "model", "created": 0, "owned_by": "kiln",
+               "root": str(settings.KILN.model_path or "")}]
+    for adapter in _servable_adapters():
+        published = adapter.published_at or adapter.created_at
+        models.append({"id": adapter.name, "object": "model", "created": int(published.timestamp()),
+                       "owned_by": "kiln", "root": adapter.path, "parent": base})
     return models
+
+
+def adapter_named_by_model(model: str) -> str | None:
+    """The adapter a request's `model` names: a published adapter of that name (the base model's own id
+    names the base model's default service); None otherwise, and the field then selects nothing."""
+    from adapters.models import Adapter, AdapterState
+
+    if model in ("", "base") or model == served_base_model_id():
+        return None
+    published = Adapter.objects.filter(name=model, state=AdapterState.PUBLISHED).exclude(path="").exists()
+    return model if published else None
 
 
 def resident_adapters() -> set[str]:

@@ -45,9 +45,23 @@ def sampling_problem(*, temperature: float, top_p: float, top_k: int, min_p: flo
          f"frequency_penalty must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}]"),
         (len(stop) <= MAX_STOP_SEQUENCES, f"at most {MAX_STOP_SEQUENCES} stop sequences"),
         (all(isinstance(s, str) and s for s in stop), "stop sequences must be non-empty strings"),
-        (sum(len(s.encode()) for s in stop) <= MAX_STOP_BYTES, f"stop sequences exceed {MAX_STOP_BYTES} bytes"),
+        (stop_bytes_problem(stop) is None, stop_bytes_problem(stop)),
     ]
     return next((message for ok, message in checks if not ok), None)
+
+
+def stop_bytes_problem(stop) -> str | None:
+    """The stop strings' UTF-8 bytes together, over MAX_STOP_BYTES, as a message; None when within."""
+    total = sum(len(s.encode("utf-8", "surrogatepass")) for s in stop if isinstance(s, str))
+    return f"stop sequences exceed {MAX_STOP_BYTES} bytes" if total > MAX_STOP_BYTES else None
+
+
+def seed_range_problem(seed: int | None, n: int) -> str | None:
+    """Choice i of a request is sampled with seed + i: the last choice's seed must be a u64 too."""
+    if seed is not None and seed + n - 1 > MAX_SEED:
+        return (f"seed + n - 1 must be at most {MAX_SEED} (choice i is sampled with seed + i); "
+                f"with n = {n} the seed can be at most {MAX_SEED - n + 1}")
+    return None
 
 
 def seed_problem(seed) -> str | None:

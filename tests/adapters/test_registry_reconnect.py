@@ -11,6 +11,7 @@ import pytest
 from django.db import OperationalError, connection
 
 from adapters.serving import runtime_host
+from adapters.serving.limits import hint_for
 from gpu_runtime.sample_types import SampleRequestError
 from tests.promotions.support import home, published  # noqa: F401 - home is a fixture
 
@@ -48,7 +49,7 @@ def test_a_database_that_stays_down_is_registry_unavailable_not_a_missing_adapte
         runtime_host.served_adapter_bytes("math-r001")
     assert caught.value.code == "registry_unavailable"
     assert "math-r001" in str(caught.value) and "administrator command" in str(caught.value)
-    assert runtime_host._STATUS["registry_unavailable"] == 503 and runtime_host._HINTS["registry_unavailable"]
+    assert runtime_host._STATUS["registry_unavailable"] == 503 and "GET /health" in hint_for("registry_unavailable")
 
 
 def test_the_adapter_cache_passes_the_resolvers_diagnosis_through():
