@@ -51,14 +51,53 @@ def caused_by(exc: BaseException | None, matches) -> bool:
     return False
 
 
+# What a full disk says when the errno is gone: the OS's own text (kept by safetensors), SQLite's
+# SQLITE_FULL, and torch.save's short writes (its zip writer reports only the position it reached).
+DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
+TORCH_SHORT_WRITE_TEXTS = ("unexpected pos", "PytorchStreamWriter failed writing file", "file write failed")
+# A write that failed while its filesystem has less than this free is taken as the disk being full.
+LOW_SPACE_BYTES = 64 * 2**20
+
+
 def is_disk_full(exc: BaseException | None) -> bool:
     """Whether `exc`, or what caused it, is the disk or quota being full (ENOSPC, EDQUOT). Libraries
-    that write files (safetensors, torch.save) may keep only the OSError's text, so that counts too."""
+    that write files (safetensors, torch.save, SQLite) may keep only a text, so those count too."""
     import errno
 
     def full(e: BaseException) -> bool:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        return "No space left on device" in str(e) or "Disk quota exceeded" in str(e)
+        text = str(e)
+        if isinstance(e, RuntimeError) and any(marker in text for marker in TORCH_SHORT_WRITE_TEXTS):
+            return True
+        return any(marker in text for marker in DISK_FULL_TEXTS)
 
     return caused_by(exc, full)
+
+
+def low_on_space(path, min_free_bytes: int = LOW_SPACE_BYTES) -> bool:
+    """Whether the filesystem holding `path` (or its nearest existing parent) has under
+    `min_free_bytes` free for this user; False when that cannot be told."""
+    import shutil
+    from pathlib import Path
+
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free < min_free_bytes
+    except OSError:
+        return False
+
+
+def space_exhausted_error(exc: BaseException, path) -> OSError | None:
+    """For `exc`, an OSError or RuntimeError raised while writing under `path`: the ENOSPC OSError to
+    raise instead when the filesystem is nearly full now, for writers that report a short write
+    without errno or text (torch's zip writer: "unexpected pos ..."). None when `exc` already says
+    the disk is full (is_disk_full), or the disk has room. Call it before removing what the write
+    left, which frees the space it took."""
+    import errno
+
+    if not isinstance(exc, OSError | RuntimeError) or is_disk_full(exc) or not low_on_space(path):
+        return None
+    return OSError(errno.ENOSPC, f"No space left on device under {path} ({type(exc).__name__}: {exc})")

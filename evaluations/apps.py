@@ -21,4 +21,8 @@ class EvaluationsConfig(AppConfig):
                                   category="evaluation", queue_full_code="eval_queue_full",
                                   queue_full_retry_after=15,
                                   detail_section="evaluations.eval_selectors:job_section",
-                                  payload_type="evaluations.eval_payloads:EvalJobPayload"))
+                                  payload_type="evaluations.eval_payloads:EvalJobPayload",
+                                  error_hints=(("job_interrupted", "its worker stopped while it ran (kill, restart, "
+                                                "out of memory); run the evaluation again with the same suite, "
+                                                "targets and settings (kiln eval run or kiln eval compare; rerun "
+                                                "and replay take only a completed job)"),)))

@@ -1,5 +1,13 @@
 from django.apps import AppConfig
 
+# Where a training run's failure hint differs from any job's: it resumes from its newest checkpoint.
+GRPO_ERROR_HINTS = (
+    ("job_cancelled", "it was cancelled on request; resubmit it (a training run resumes from its latest_checkpoint "
+                      "with resume_checkpoint)"),
+    ("job_interrupted", "its worker stopped while it ran (kill, restart, out of memory); submit it again (a training "
+                        "run resumes from its latest_checkpoint with resume_checkpoint)"),
+)
+
 
 class TrainingConfig(AppConfig):
     name = "training"
@@ -14,7 +22,7 @@ class TrainingConfig(AppConfig):
                                   queue_full_retry_after=30,
                                   on_unsuccessful="training.hooks:release_output_adapter",
                                   detail_section="training.fragments:job_section",
-                                  payload_type="training.payloads:GrpoJobPayload"))
+                                  payload_type="training.payloads:GrpoJobPayload", error_hints=GRPO_ERROR_HINTS))
         # After a training with post_eval: evaluate the adapter, then the gate decides activation.
         register_job_kind(JobKind(name="training.post_eval", queue="control",
                                   handler="training.post_eval_jobs:run_post_eval_job", category="evaluation",

@@ -8,12 +8,13 @@ job.metrics (scalars plus loss/reward/KL histories for the live curves).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from adapters.selectors import adapter_published_path
 from adapters.services import adapter_publish, adapters_root
@@ -28,6 +29,7 @@ HISTORY_KEYS = {"loss": "loss_history", "reward_mean": "reward_history", "kl_mea
 # The live curves keep at most this many points: past it every other point goes (the newest always
 # stays), so a long run's row stays small. The receipt keeps the full loss history.
 MAX_HISTORY_POINTS = 500
+log = logging.getLogger(__name__)
 
 
 def downsampled(history: list) -> list:
@@ -93,7 +95,12 @@ def _record_failure_receipt(path: Path, name: str, job) -> None:
         body = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return  # failed before the trainer wrote one
-    receipt_record(kind=ReceiptKind.TRAIN_FAILURE, subject=name, body=body, job=job)
+    try:
+        with transaction.atomic():
+            receipt_record(kind=ReceiptKind.TRAIN_FAILURE, subject=name, body=body, job=job)
+    except DatabaseError as exc:  # e.g. its disk is full: the job's own error must still be the one recorded
+        log.warning("could not record the failure receipt of job %s as a row (%s); its file stays at %s",
+                    job.uuid, exc, path)
 
 
 # What a named-dataset submission (or an OpenEnv run's corpus lineage) adds to the receipt's

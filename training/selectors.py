@@ -156,13 +156,19 @@ def _receipt(adapter_path: str | None, job: Job, *, strict: bool) -> tuple[dict 
     return None, None
 
 
-def _latest_checkpoint(job: Job) -> tuple[dict | None, str | None]:
+def _latest_checkpoint(job: Job, payload: GrpoJobPayload) -> tuple[dict | None, str | None]:
     """(the spec's latest_checkpoint object for the newest checkpoint the job published, from its
     manifest (`resume_checkpoint` is the name to resume from), why it could not be read): None when
-    there is none or it was pruned (checkpoint_keep_last), with a reason when its manifest is unreadable."""
+    there is none or it was pruned (checkpoint_keep_last), with a reason when its manifest is unreadable.
+    A resumed job that has published none yet names the checkpoint it resumed from: resuming again
+    from there is what its hint (job_interrupted, job_cancelled) tells the user to do."""
+    from django.conf import settings
+
     from core.artifacts import describe_checkpoint
 
     path = (job.result or {}).get("latest_checkpoint") or job.metrics.get("latest_checkpoint")
+    if not path and payload.config.resume_checkpoint:
+        path = settings.KILN.layout.checkpoint(payload.config.resume_checkpoint)
     if not path or not Path(path).exists():
         return None, None
     try:
@@ -213,7 +219,7 @@ def training_detail(job: Job, *, strict_receipt: bool = False) -> dict:
     if adapter is None and demoted_to:  # the gate demoted it: the folder is `<name>.failed` now (§4.11)
         adapter_path = demoted_to
     receipt, receipt_error = _receipt(adapter_path, job, strict=strict_receipt)
-    checkpoint, checkpoint_error = _latest_checkpoint(job)
+    checkpoint, checkpoint_error = _latest_checkpoint(job, payload)
     return {
         **training_status(job),
         "epoch": job.metrics.get("epoch"),

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from core.accounts.models import ApiToken
 from core.errors import KilnError
 
 TOKEN_PREFIX = "kiln_"
+log = logging.getLogger(__name__)
 
 
 def _hash(secret: str) -> str:
@@ -44,8 +46,26 @@ def token_authenticate(*, secret: str):
     token = ApiToken.objects.select_related("user").filter(token_hash=_hash(secret), revoked_at=None).first()
     if token is None or not token.user.is_active:
         return None
-    ApiToken.objects.filter(id=token.id).update(last_used_at=timezone.now())
+    _note_token_used(token)
     return token.user
+
+
+_last_used_failing = False  # logged once per run of failures, not per request
+
+
+def _note_token_used(token: ApiToken) -> None:
+    """Bookkeeping only: a database that refuses writes (its disk full) must not fail the request,
+    so that reading (the failed job, /health) still works while the disk is full."""
+    global _last_used_failing
+    try:
+        with transaction.atomic():  # a savepoint: the request's own transaction stays usable
+            ApiToken.objects.filter(id=token.id).update(last_used_at=timezone.now())
+    except DatabaseError as exc:
+        if not _last_used_failing:
+            log.warning("could not record token use (last_used_at): %s; requests go on without it", exc)
+        _last_used_failing = True
+        return
+    _last_used_failing = False
 
 
 MIN_REVOKE_PREFIX = 8  # characters of a token's start that `kiln token revoke` accepts

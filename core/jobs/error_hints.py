@@ -47,10 +47,9 @@ JOB_ERROR_HINTS = {
     "checkpoint_tokenizer_mismatch": "resume with the tokenizer the checkpoint was trained with",
     "checkpoint_precision_mismatch": "resume on the device and precision the checkpoint was trained with",
     # any job
-    "job_cancelled": "it was cancelled on request; resubmit it (a training run resumes from its latest_checkpoint "
-                     "with resume_checkpoint)",
-    "job_interrupted": "its worker stopped while it ran (kill, restart, out of memory); submit it again (a training "
-                       "run resumes from its latest_checkpoint with resume_checkpoint)",
+    # (a kind may say more: JobKind.error_hints, e.g. a training run resumes from its latest checkpoint)
+    "job_cancelled": "it was cancelled on request; resubmit it",
+    "job_interrupted": "its worker stopped while it ran (kill, restart, out of memory); submit it again",
     "job_time_limit": "it ran past its time limit; submit a smaller piece of work",
     "job_error": "an unexpected error: the worker's log has the traceback",
     "adapter_load_failed": "the adapter failed its serving canary and is quarantined: see its canary in GET "
@@ -64,7 +63,11 @@ JOB_ERROR_HINTS = {
 
 def job_error(job) -> dict | None:
     """{code, message, hint} of a failed job, or None when it has no error."""
+    from core.jobs.kinds import get_job_kind
+
     if not job.error_code:
         return None
-    hint = JOB_ERROR_HINTS.get(job.error_code) or "see the job's events (kiln jobs show ID) for what happened"
+    kind = get_job_kind(job.kind)
+    hint = ((kind.error_hint(job.error_code) if kind is not None else None) or JOB_ERROR_HINTS.get(job.error_code)
+            or "see the job's events (kiln jobs show ID) for what happened")
     return {"code": job.error_code, "message": job.error_message, "hint": hint}

@@ -33,9 +33,15 @@ class JobKind:
     # job_submit stores its to_dict() (a dict given instead is parsed first, so a bad payload never
     # reaches the queue); readers call kind.read_payload(job) instead of picking at the dict.
     payload_type: str = ""
+    # Optional ((error code, hint), ...): what to do about this kind's failure where it differs from
+    # the generic hint in core.jobs.error_hints (e.g. only a training run resumes from a checkpoint).
+    error_hints: tuple[tuple[str, str], ...] = ()
 
     def load_handler(self) -> Callable:
         return _load(self.handler)
+
+    def error_hint(self, code: str) -> str | None:
+        return dict(self.error_hints).get(code)
 
     def run_unsuccessful_hook(self, job) -> None:
         if self.on_unsuccessful:

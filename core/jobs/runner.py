@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from core.errors import KilnError
+from core.errors import DISK_FULL_CODE, KilnError, is_disk_full
 from core.jobs.kinds import EXCLUSIVE_QUEUES, get_job_kind
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,8 @@ def _run_one(queue: str, worker_id: str) -> bool:
         return False
     kind = get_job_kind(job.kind)
     if kind is None:
-        services.job_fail(job=job, code="job_kind_unknown", message=f"this worker has no handler for {job.kind!r}")
+        _record_end(job, services.job_fail, code="job_kind_unknown",
+                    message=f"this worker has no handler for {job.kind!r}")
         return True
     ctx = JobContext(job)
     try:
@@ -119,26 +120,79 @@ def _run_one(queue: str, worker_id: str) -> bool:
         _settle_stopped(job, ctx, result=None)
     except KilnError as exc:
         # A handler may attach what it did find out (`job_result`) to the refusal that fails its job.
-        services.job_fail(job=job, code=exc.code, message=exc.message, result=getattr(exc, "job_result", None))
+        _record_end(job, services.job_fail, code=exc.code, message=exc.message,
+                    result=getattr(exc, "job_result", None))
     except BaseException as exc:  # noqa: BLE001 - includes dramatiq's TimeLimitExceeded
         log.exception("job %s failed", job.uuid)
-        code = "job_time_limit" if type(exc).__name__ == "TimeLimitExceeded" else "job_error"
-        services.job_fail(job=job, code=code, message=f"{type(exc).__name__}: {exc}"[:2000])
+        _record_end(job, services.job_fail, code=_unexpected_code(exc), message=f"{type(exc).__name__}: {exc}"[:2000])
         if not isinstance(exc, Exception):
             raise
     else:
         if ctx._cancel_seen or _shutting_down.is_set():
             _settle_stopped(job, ctx, result=result)
         else:
-            services.job_complete(job=job, result=result or {})
+            _record_end(job, services.job_complete, result=result or {})
     return True
+
+
+def _unexpected_code(exc: BaseException) -> str:
+    if type(exc).__name__ == "TimeLimitExceeded":
+        return "job_time_limit"
+    # e.g. the database refused the handler's progress write: the disk is full (README: the job's code)
+    return DISK_FULL_CODE if is_disk_full(exc) else "job_error"
 
 
 def _settle_stopped(job, ctx: JobContext, result: dict | None) -> None:
     from core.jobs import services
 
     if _shutting_down.is_set() and not ctx._cancel_seen:
-        services.job_fail(job=job, code="job_interrupted", message="the worker shut down while the job ran",
-                          result=result)
+        _record_end(job, services.job_fail, code="job_interrupted", message="the worker shut down while the job ran",
+                    result=result)
     else:
-        services.job_mark_cancelled(job=job, result=result)
+        _record_end(job, services.job_mark_cancelled, result=result)
+
+
+# Recording a job's end: while the database refuses writes (its disk full, a restart), try again
+# with backoff rather than let the worker thread die and leave the row `running` for good.
+RECORD_RETRY_FIRST_SECONDS = 1.0
+RECORD_RETRY_MAX_SECONDS = 10.0
+RECORD_RETRY_TOTAL_SECONDS = 6 * 3600.0
+_sleep = time.sleep  # tests replace it
+
+
+def _record_end(job, write: Callable[..., bool], **fields) -> bool:
+    """`write(job=job, **fields)` (a terminal transition), retried while the database refuses it, until
+    it succeeds, the worker shuts down (restart recovery then fails the job job_interrupted) or
+    RECORD_RETRY_TOTAL_SECONDS pass. Returns what `write` returned; False when it gave up."""
+    from django.db import DatabaseError
+
+    delay, waited, failures = RECORD_RETRY_FIRST_SECONDS, 0.0, 0
+    while True:
+        try:
+            written = write(job=job, **fields)
+        except DatabaseError as exc:
+            failures += 1
+            if _shutting_down.is_set() or waited + delay > RECORD_RETRY_TOTAL_SECONDS:
+                log.error("could not record the end of job %s after %d tries (%s); it stays running until a "
+                          "worker restart fails it job_interrupted", job.uuid, failures, exc)
+                return False
+            if failures == 1:
+                hint = " (free disk space where the database lives)" if is_disk_full(exc) else ""
+                log.warning("the database refused the end of job %s: %s%s; trying again every few seconds",
+                            job.uuid, exc, hint)
+            _release_broken_connection()
+            _sleep(delay)
+            waited += delay
+            delay = min(delay * 2, RECORD_RETRY_MAX_SECONDS)
+            continue
+        if failures:
+            log.warning("recorded the end of job %s after %d refused tries", job.uuid, failures)
+        return written
+
+
+def _release_broken_connection() -> None:
+    """Drop a connection the failure left unusable (a restarted PostgreSQL); the next try reconnects."""
+    from django.db import connection
+
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()

@@ -12,6 +12,9 @@ and the scorer sandbox while tests use fakes:
 Every request body is rendered (and checked as the server would) before the first one is sent.
 Requests run on up to `concurrency` daemon threads; the first failure stops the run at once and
 is raised as a RolloutError naming the task and seed (requests already in flight are abandoned).
+A request the server refused because its GPU worker is gone or restarting (RESENDABLE_CODES) is
+sent again after a wait (ResendPolicy): requests are seeded, so the resent answer is the one the
+first would have been, and it is validated like any other.
 """
 
 from __future__ import annotations
@@ -28,6 +31,26 @@ from evaluations.generation.template import RenderOptions, Task, parse_request, 
 from evaluations.generation.validation import CheckedRollout, validate_response
 
 STDERR_TAIL_CHARS = 1000
+# The server's answers that mean "the GPU worker is gone, stopping or not back yet", not "this
+# request is wrong" (adapters/serving: the worker lost mid-request, kiln serve stopping or restarting
+# it, no worker or model yet; the API's own 503 when Redis does not answer). Nothing else is resent.
+RESENDABLE_CODES = frozenset({"inference_worker_lost", "server_shutting_down", "sampler_stopped",
+                              "inference_unavailable", "model_loading", "service_unavailable"})
+
+
+@dataclass(frozen=True)
+class ResendPolicy:
+    """How long one request waits, in all, for the GPU worker to come back before its failure ends the
+    run; the pauses double from first_delay_s up to max_delay_s, or follow the server's Retry-After."""
+
+    window_s: float = 120.0
+    first_delay_s: float = 1.0
+    max_delay_s: float = 15.0
+    sleep: Callable[[float], None] = time.sleep
+    notify: Callable[[str], None] | None = None  # one line per resend, e.g. to stderr
+
+
+NO_RESEND = ResendPolicy(window_s=0.0)  # the default: a caller opts in (the CLI does)
 
 
 @dataclass(frozen=True)
@@ -69,11 +92,43 @@ def plan_requests(template: dict, tasks: list[Task], seeds: list[int], options: 
     return planned
 
 
-def _request_failure(exc: Exception, item: PlannedRequest) -> RolloutError:
+def _request_failure(exc: Exception, item: PlannedRequest, tries: int = 1, waited: float = 0.0) -> RolloutError:
     code = getattr(exc, "code", None) or "request_failed"
     message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+    if tries > 1:
+        message += f" (sent {tries} times, waiting {waited:.0f} s for the GPU worker)"
     return RolloutError(code, f"chat completion request failed: {message}", task_id=item.task.id, seed=item.seed,
                         hint=getattr(exc, "hint", "") or "")
+
+
+def _retry_after(exc: Exception) -> float | None:
+    value = getattr(exc, "retry_after", None)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _post_resending(item: PlannedRequest, post: Callable, resend: ResendPolicy) -> tuple[dict, float]:
+    """(post(item.body), when the answered try started), sent again while the server answers a
+    RESENDABLE_CODES refusal, until resend.window_s of waiting is spent; then (or for any other
+    failure) a RolloutError."""
+    tries, waited, delay = 0, 0.0, resend.first_delay_s
+    while True:
+        tries += 1
+        started = time.perf_counter()
+        try:
+            return post(item.body), started
+        except RolloutError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every transport failure names the task and seed
+            code = getattr(exc, "code", None)
+            pause = min(max(_retry_after(exc) or delay, 0.0), resend.window_s - waited)
+            if code not in RESENDABLE_CODES or pause <= 0:
+                raise _request_failure(exc, item, tries, waited) from None
+            if resend.notify is not None:
+                resend.notify(f"task {item.task.id}, seed {item.seed}: {code}; sending it again in {pause:.0f} s "
+                              f"(waited {waited:.0f} of {resend.window_s:.0f} s)")
+            resend.sleep(pause)
+            waited += pause
+            delay = min(delay * 2, resend.max_delay_s)
 
 
 def _scorer_failure(exc: Exception, item: PlannedRequest) -> RolloutError:
@@ -84,14 +139,9 @@ def _scorer_failure(exc: Exception, item: PlannedRequest) -> RolloutError:
     return RolloutError(code, text, task_id=item.task.id, seed=item.seed)
 
 
-def run_one(item: PlannedRequest, *, post: Callable, score: Callable, options: RenderOptions) -> ScoredRollout:
-    started = time.perf_counter()
-    try:
-        response = post(item.body)
-    except RolloutError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - every transport failure names the task and seed
-        raise _request_failure(exc, item) from None
+def run_one(item: PlannedRequest, *, post: Callable, score: Callable, options: RenderOptions,
+            resend: ResendPolicy = NO_RESEND) -> ScoredRollout:
+    response, started = _post_resending(item, post, resend)  # the latency of the answered try
     latency_ms = round((time.perf_counter() - started) * 1000, 3)
     checked = validate_response(response, task=item.task, seed=item.seed, body=item.body, parsed=item.parsed,
                                 options=options)
@@ -123,7 +173,8 @@ def run_one(item: PlannedRequest, *, post: Callable, score: Callable, options: R
 
 
 def run_requests(planned: list[PlannedRequest], *, post: Callable, score: Callable, options: RenderOptions,
-                 concurrency: int = 4, on_progress: Callable[[int, int, str], None] | None = None) -> list[ScoredRollout]:
+                 concurrency: int = 4, on_progress: Callable[[int, int, str], None] | None = None,
+                 resend: ResendPolicy = NO_RESEND) -> list[ScoredRollout]:
     """Every planned request, in plan order; raises the first failure (a RolloutError)."""
     if concurrency < 1:
         raise RolloutError("invalid_argument", "--concurrency must be at least 1")
@@ -140,7 +191,7 @@ def run_requests(planned: list[PlannedRequest], *, post: Callable, score: Callab
             except queue.Empty:
                 return
             try:
-                finished.put((item, run_one(item, post=post, score=score, options=options), None))
+                finished.put((item, run_one(item, post=post, score=score, options=options, resend=resend), None))
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread
                 finished.put((item, None, exc))
 

@@ -39,6 +39,7 @@ from core.artifacts import (
     hidden_sibling,
     json_bytes,
 )
+from core.errors import space_exhausted_error
 from gpu_runtime.grpo.errors import CheckpointError
 from gpu_runtime.identity import file_sha256
 
@@ -259,8 +260,13 @@ def write_checkpoint(
         (staging / MANIFEST).write_bytes(json_bytes(full))
         (staging / SENTINEL).unlink()
         return staged.publish()  # fsyncs every file and the folder, renames, fsyncs the parent
-    except BaseException:
+    except BaseException as exc:
+        # torch.save's short write on a full disk carries no errno: judge by the free space left,
+        # while the staged files still hold theirs, so the run ends with the disk-full code.
+        full = space_exhausted_error(exc, root)
         staged.discard()
+        if full is not None:
+            raise full from exc
         raise
 
 

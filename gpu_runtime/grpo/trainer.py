@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from core.contracts.grpo_config import resolve_effective_seed
-from core.errors import DISK_FULL_CODE, DISK_FULL_HINT, is_disk_full
+from core.errors import DISK_FULL_CODE, DISK_FULL_HINT, is_disk_full, space_exhausted_error
 from gpu_runtime import lean_decoder
 from gpu_runtime.grpo import adapter_io, checkpoint
 from gpu_runtime.grpo.advantages import filter_groups, filter_kwargs
@@ -109,7 +109,7 @@ class _Run(RunOutputs):
                 self._setup()
             if self._loop():
                 return self._finish_stopped()
-            return self._publish()
+            return self._publish_or_disk_full()
         except StopRequested:  # seen inside the corpus checks, the encoding or the behavior replay
             return self._finish_stopped()
         except TrainingError as exc:
@@ -127,6 +127,19 @@ class _Run(RunOutputs):
                 error = TrainingError("training_error", f"{type(exc).__name__}: {exc}")
             self._fail(error)
             raise error from exc
+
+    def _publish_or_disk_full(self) -> TrainResult:
+        """Publish; a failed write on a nearly full disk is the disk being full (a short write need
+        not say so), so the job gets the disk-full code and hint, not training_error."""
+        try:
+            return self._publish()
+        except (OSError, RuntimeError) as exc:
+            if isinstance(exc, torch.OutOfMemoryError):
+                raise  # the device's memory, not the disk
+            full = space_exhausted_error(exc, Path(self.request.output_dir).parent)
+            if full is not None:
+                raise full from exc
+            raise
 
     # ---- prepare (no writer) ----------------------------------------------------------------
 

@@ -38,6 +38,7 @@ class CliError(Exception):
     def __init__(self, code: str, message: str, hint: str = "", exit_code: int = 1):
         super().__init__(message)
         self.code, self.message, self.hint, self.exit_code = code, message, hint, exit_code
+        self.retry_after: float | None = None  # seconds, from a refusal's Retry-After header
 
     def line(self) -> str:
         text = f"error: {self.code}: {self.message}"
@@ -148,6 +149,15 @@ def _envelope_error(response) -> CliError | None:
     return CliError(code, _CONTROL.sub("?", " ".join(message.splitlines())), _CONTROL.sub("?", " ".join(hint.splitlines())))
 
 
+def _retry_after_seconds(response) -> float | None:
+    """A Retry-After header in seconds (Kiln sends seconds, never an HTTP date); None when absent or not a number."""
+    try:
+        seconds = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < 86400 else None
+
+
 def raise_for_stream_error(response, url: str | None = None) -> None:
     """A streamed download's refusal (status >= 400) as a CliError with the server's code, message and hint,
     or `not_a_kiln_server` when the body is not the error envelope (or the answer is a redirect, which
@@ -234,7 +244,10 @@ class KilnClient:
                            "is `kiln serve` running? pass --url or set KILN_URL") from None
         if response.status_code >= 400:
             error = _envelope_error(response)
-            raise error if error is not None else not_kiln(response, self.url)
+            if error is None:
+                raise not_kiln(response, self.url)
+            error.retry_after = _retry_after_seconds(response)
+            raise error
         if response.status_code >= 300:  # Kiln's API never redirects: another server answered
             raise not_kiln(response, self.url)
         if not response.content:

@@ -6,7 +6,8 @@ command), validates the response and its kiln.rollout-provenance.v1 record, and 
 in the sandbox (`evaluations.sandbox`). Only when every record validated does it publish the
 canonical GRPO JSONL (ready for POST /v1/train/grpo with behavior_policy "recorded") and the
 summary, atomically and together; any failure prints one line naming the task, the seed and the
-check, exits non-zero, and leaves existing output files untouched.
+check, exits non-zero, and leaves existing output files untouched. A request refused because the GPU
+worker is gone or restarting is sent again after a bounded wait (generate.ResendPolicy): it is seeded.
 
 A client of the API: imports no Django and no torch (the pure core is `evaluations.generation`).
 """
@@ -24,7 +25,7 @@ from core.canonical import sha256_digest
 from core.contracts.sampling import MAX_SEED
 from evaluations.generation.corpus import build_groups, build_summary, corpus_bytes
 from evaluations.generation.errors import RolloutError
-from evaluations.generation.generate import plan_requests, run_requests
+from evaluations.generation.generate import ResendPolicy, plan_requests, run_requests
 from evaluations.generation.publish import check_not_inputs, check_targets, publish_together
 from evaluations.generation.template import RenderOptions, load_tasks, load_template
 from evaluations.generation.validation import check_consistency
@@ -102,6 +103,11 @@ def add_parser(subparsers, common) -> None:
     p.set_defaults(handler=run)
 
 
+def _say(line: str) -> None:
+    """A resend after the GPU worker was lost: said on stderr, so a pause is never silent."""
+    print(f"kiln: {line}", file=sys.stderr, flush=True)
+
+
 def _file_digest(path: Path) -> str:
     return sha256_digest(path.read_bytes())
 
@@ -163,7 +169,7 @@ def generate(args) -> dict:
 
     try:
         scored = run_requests(planned, post=post, score=score, options=options, concurrency=args.concurrency,
-                              on_progress=progress)
+                              on_progress=progress, resend=ResendPolicy(notify=_say))
     finally:
         if bar is not None:
             bar.close()
