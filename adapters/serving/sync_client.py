@@ -24,7 +24,14 @@ from pydantic import ValidationError
 from adapters.serving import transport
 from adapters.serving.limits import check_caps, error_from_event
 from adapters.serving.schemas import ChatCompletionRequest
-from adapters.serving.transport import FIRST_EVENT_TIMEOUT, IDLE_TIMEOUT, WorkerLost, claim_key, events_key
+from adapters.serving.transport import (
+    FIRST_EVENT_TIMEOUT,
+    IDLE_TIMEOUT,
+    WorkerLost,
+    claim_key,
+    events_key,
+    first_time,
+)
 from core.errors import KilnError
 from core.redis_clients import blocking_client_options
 
@@ -73,8 +80,9 @@ def chat_completion_sync(body: dict, timeout: float = 900.0, *, activity: str = 
 
     `timeout` bounds the whole call (queueing included); within it the worker must answer within
     FIRST_EVENT_TIMEOUT and then go no longer than IDLE_TIMEOUT between events. When the worker that
-    took the request dies before answering (kill -9, out of memory), the request is sent once more
-    to the worker that replaces it (a seeded request answers the same); a second loss is a 503
+    took the request dies before answering (kill -9, out of memory), or Redis goes down with the
+    request in it (kiln serve restarts a crashed private Redis, empty), the request is sent once more
+    once a worker serves again (a seeded request answers the same); a second loss is a 503
     `inference_worker_lost`. `activity` is what the serving profile must admit: the serving canary
     of an adapter change says "adapter_change", which maintenance admits.
     """
@@ -90,13 +98,17 @@ def chat_completion_sync(body: dict, timeout: float = 900.0, *, activity: str = 
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     deadline = time.monotonic() + timeout
     payload = parsed.model_dump(mode="json")
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
     for attempt in range(RESEND_ATTEMPTS + 1):
         try:
             return _send_and_wait(payload, deadline)
-        except WorkerLost as lost:
+        except (WorkerLost, RedisConnectionError) as lost:
             if attempt == RESEND_ATTEMPTS:
                 raise KilnError("inference_worker_lost", f"the GPU worker stopped while answering ({lost})",
                                 status=503, hint="kiln serve restarts it; submit the request again") from None
+            if isinstance(lost, RedisConnectionError):
+                _wait_for_redis(deadline)
             _wait_for_a_worker(deadline)
     raise AssertionError("unreachable")
 
@@ -113,6 +125,25 @@ def _claimed_by_dead_worker(client, request_id: str) -> str | None:
         return None
     worker_id = worker_id.decode() if isinstance(worker_id, bytes) else str(worker_id)
     return worker_id if worker_dead(worker_id) else None
+
+
+REDIS_RETURN_SECONDS = 30.0  # kiln serve restarts a crashed private Redis within about a second
+
+
+def _wait_for_redis(deadline: float) -> None:
+    """Until Redis answers again (at most REDIS_RETURN_SECONDS, and not past the call's deadline)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    give_up = min(deadline, time.monotonic() + REDIS_RETURN_SECONDS)
+    while True:
+        try:
+            _redis().ping()
+            return
+        except (RedisConnectionError, RedisTimeoutError):
+            if time.monotonic() + 0.5 > give_up:
+                return  # the resend then says what is wrong
+            time.sleep(0.5)
 
 
 def _wait_for_a_worker(deadline: float) -> None:
@@ -135,7 +166,7 @@ def _send_and_wait(payload: dict, deadline: float) -> dict:
     client = _redis()
     request_id = uuid.uuid4().hex
     key = events_key(request_id)
-    wait = FIRST_EVENT_TIMEOUT
+    wait, last_seq = FIRST_EVENT_TIMEOUT, 0
     try:
         run_chat_completion.send(request_id, payload)
         quiet_since = time.monotonic()
@@ -156,6 +187,9 @@ def _send_and_wait(payload: dict, deadline: float) -> dict:
                     raise WorkerLost(f"worker {dead}")
                 continue
             event = json.loads(item[1])
+            if not first_time(event, last_seq):
+                continue  # a stalled Redis took this event twice
+            last_seq = event["seq"] if isinstance(event.get("seq"), int) else last_seq
             if event.get("type") == "done":
                 return event["response"]
             if event.get("type") == "error":
