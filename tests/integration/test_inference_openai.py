@@ -9,7 +9,7 @@ import openai
 import pytest
 import torch
 
-from tests.support.stack import wait_until
+from tests.support.openai_stack import openai_stack
 
 pytestmark = pytest.mark.integration
 
@@ -18,19 +18,9 @@ ARITHMETIC = [{"role": "user", "content": "What is 12 + 7? Reply with just the n
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model_dir):
-    from tests.support.stack import Stack
-
-    stack = Stack(tmp_path_factory.mktemp("inference") / "home", extra_env={"KILN_MODEL_PATH": str(tiny_model_dir)})
-    try:
-        stack.start_web()
-        token = stack.create_user("inference-user")
-        stack.start_worker("gpu-worker", "gpu,infer", threads=8)
-        wait_until(lambda: stack.health()["training_backend"]["ready"], 120, what="the model to load")
-        client = openai.OpenAI(base_url=stack.url + "/v1", api_key=token, max_retries=0, timeout=120)
-        yield stack, client
-    finally:
-        print(stack.log_tail())
-        stack.stop()
+    with openai_stack(tmp_path_factory.mktemp("inference") / "home", tiny_model_dir, user="inference-user",
+                      threads=8) as served:
+        yield served
 
 
 def _ask(client, seed: int, **extra):

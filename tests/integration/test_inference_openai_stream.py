@@ -10,7 +10,7 @@ import sys
 import openai
 import pytest
 
-from tests.support.stack import wait_until
+from tests.support.openai_stack import openai_stack
 
 pytestmark = pytest.mark.integration
 
@@ -19,19 +19,9 @@ QUESTION = [{"role": "user", "content": "What is 47 + 13?"}]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model_dir):
-    from tests.support.stack import Stack
-
-    stack = Stack(tmp_path_factory.mktemp("streaming") / "home", extra_env={"KILN_MODEL_PATH": str(tiny_model_dir)})
-    try:
-        stack.start_web()
-        token = stack.create_user("stream-user")
-        stack.start_worker("gpu-worker", "gpu,infer", threads=4)
-        wait_until(lambda: stack.health()["training_backend"]["ready"], 120, what="the model to load")
-        client = openai.OpenAI(base_url=stack.url + "/v1", api_key=token, max_retries=0, timeout=120)
-        yield stack, client
-    finally:
-        print(stack.log_tail())
-        stack.stop()
+    with openai_stack(tmp_path_factory.mktemp("streaming") / "home", tiny_model_dir, user="stream-user",
+                      threads=4) as served:
+        yield served
 
 
 def test_the_readme_streaming_loop_runs(served, capsys):
