@@ -72,12 +72,25 @@ class Attention:
     """How every layer of one forward attends (built once per forward, not once per layer):
     - `sdpa_mask` / is_causal: `scaled_dot_product_attention` (any device);
     - `bias`: batched matmuls with an additive bias laid out for grouped queries (small CPU calls);
-    - `chunked`: causal attention in query chunks with a hand-written backward (CPU training)."""
+    - `chunked`: causal attention in query chunks with a hand-written backward (CPU training);
+    - `groups`: left-padded rows, group by group over their own columns (`forward(starts=...)`)."""
 
     sdpa_mask: Tensor | None
     bias: Tensor | None  # (B*KV or 1, group*T, S) additive, for the matmul path
     matmul: bool
     chunked: bool = False
+    groups: tuple[RowGroup, ...] = ()  # `forward(starts=...)`: rows attend group by group
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows first_row .. end_row - 1, whose real keys all start at column `first_key` (left padding
+    before it); their queries from `first_query` on are real."""
+
+    first_row: int
+    end_row: int
+    first_key: int
+    first_query: int
 
 
 def _attention_for(plan: Plan, batch: int, length: int, keys: int, mask: Tensor | None, device) -> Attention:
@@ -117,8 +130,48 @@ def _chunked_fits(plan: Plan, batch: int, length: int, keys: int, device) -> boo
     )
 
 
+def _row_groups(starts: list[int], past_length: int) -> tuple[RowGroup, ...]:
+    """Runs of consecutive rows with one first real column (a GRPO group's samples make one run)."""
+    groups, first = [], 0
+    for row in range(1, len(starts) + 1):
+        if row == len(starts) or starts[row] != starts[first]:
+            groups.append(RowGroup(first, row, starts[first], max(0, starts[first] - past_length)))
+            first = row
+    return tuple(groups)
+
+
+def _attend_in_groups(plan: Plan, groups: tuple[RowGroup, ...], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Each group of rows attends over its own real keys only, so a row computes exactly what it
+    computes alone: the same shapes and strides through SDPA's flash kernel, whose work per (row,
+    head, query block) does not depend on how many rows there are. Masked padding would not do: how
+    many padding keys precede a row's changes the blocks its softmax and sums run in (and the
+    baddbmm of the small-call path rounds a row differently with the batch size at 16 threads).
+    Padding queries get zeros."""
+    parts = []
+    for group in groups:
+        rows = slice(group.first_row, group.end_row)
+        queries = q[rows, :, group.first_query :].contiguous()  # a view of one layout or another: one layout
+        keys, values = k[rows, :, group.first_key :], v[rows, :, group.first_key :]
+        length, width = queries.shape[2], keys.shape[2]
+        mask = None
+        if 1 < length < width:  # queries after past keys: causal aligned to the end
+            mask = torch.ones(length, width, dtype=torch.bool, device=q.device).tril(width - length)
+        parts.append(F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, is_causal=mask is None and length > 1, scale=plan.scaling,
+            enable_gqa=plan.heads != plan.kv_heads,
+        ))
+    if all(group.first_query == 0 for group in groups):
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+    out = q.new_zeros(q.shape)
+    for group, part in zip(groups, parts, strict=True):
+        out[group.first_row : group.end_row, :, group.first_query :] = part
+    return out
+
+
 def _attend(plan: Plan, how: Attention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """q (B, H, T, D) over k, v (B, KV, S, D) -> (B, H, T, D)."""
+    if how.groups:
+        return _attend_in_groups(plan, how.groups, q, k, v)
     if how.chunked:
         return chunked_attention.causal_attention(q, k, v, plan.scaling)
     if not how.matmul:
@@ -168,19 +221,33 @@ def _layer(plan: Plan, layer: LayerPlan, h: Tensor, cos, sin, how: Attention, pa
     attended = _attend(plan, how, q, k, v)
     h = h + layer.o(attended.transpose(1, 2).reshape(batch, length, heads * dim))
     x = rms_norm(h, layer.post_norm, plan.eps)
-    h = h + layer.down(_activated(plan, layer, x))
+    h = h + layer.down(_activated(plan, layer, x, batch_invariant=bool(how.groups)))
     return h, (k, v)
 
 
-def _activated(plan: Plan, layer: LayerPlan, x: Tensor) -> Tensor:
+def _activated(plan: Plan, layer: LayerPlan, x: Tensor, batch_invariant: bool = False) -> Tensor:
     """The MLP's silu(gate) * up. A fused gate|up is one matmul whose halves `swiglu` reads in
     place; kept apart (large models), the two outputs are used as they are, not concatenated."""
     if layer.gate_up.fused:
-        return swiglu(layer.gate_up(x), plan.intermediate)
+        gate_up = layer.gate_up(x)
+        if batch_invariant:
+            return _silu_times(*gate_up.split(plan.intermediate, dim=-1))
+        return swiglu(gate_up, plan.intermediate)
     gate, up = (part(x) for part in layer.gate_up.parts)
+    if batch_invariant:
+        return _silu_times(gate, up)
     if gate.requires_grad or up.requires_grad:
         return F.silu(gate) * up
     return F.silu(gate, inplace=True).mul_(up)  # no backward to feed: reuse the gate's buffer
+
+
+def _silu_times(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up as gate / (1 + exp(-gate)) * up, for batch invariance. Torch's fused silu
+    rounds the elements a loop leaves to its scalar tail differently from its vectorised body (1 in
+    25 differ), and a multi-threaded elementwise op splits its elements by count, cutting rows at
+    places that move with the batch. exp's scalar and vectorised loops agree (320 M float32 values
+    checked), and +, / and * round exactly on both."""
+    return (gate / torch.neg(gate).exp_().add_(1)).mul_(up)
 
 
 def forward(
@@ -191,6 +258,7 @@ def forward(
     mask: Tensor | None = None,
     past: list[tuple[Tensor, Tensor]] | None = None,
     cache=None,
+    starts: list[int] | None = None,
     checkpoint_segments: int = 0,
 ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
     """Hidden states (B, T, H) before the final norm, and each layer's full keys/values.
@@ -204,6 +272,12 @@ def forward(
       shared by every row (a group's prompt).
     - `cache`: instead of `past`, a `kv_cache.LeanCache` (B rows) that takes this call's keys and
       values (inference only); the keys/values returned are views of its buffers.
+    - `starts`: instead of `mask`, for left-padded rows: row b's keys (past and new) before column
+      starts[b] are padding, and the others are causal. Rows attend in groups of one start over
+      their own columns only (`_attend_in_groups`) and the MLP's silu is spelled out
+      (`_silu_times`), so with batch-invariant projections (`packed_linear.PackedPlan`) a row's
+      hidden states are bitwise those it has alone, whatever the thread count. Outputs at padding
+      positions are garbage (finite) that callers ignore.
     - `checkpoint_segments` > 0 recomputes activations in that many layer segments on backward.
     """
     if cache is not None:
@@ -215,7 +289,12 @@ def forward(
     h = F.embedding(ids, plan.embed)
     cos, sin = plan.rotary(h, positions)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    how = _attention_for(plan, ids.shape[0], ids.shape[1], past_length + ids.shape[1], mask, ids.device)
+    if starts is not None:
+        if mask is not None:
+            raise ValueError("pass either `starts` or `mask`, not both")
+        how = Attention(None, None, False, groups=_row_groups(starts, past_length))
+    else:
+        how = _attention_for(plan, ids.shape[0], ids.shape[1], past_length + ids.shape[1], mask, ids.device)
     if checkpoint_segments and torch.is_grad_enabled() and past is None:
         return _checkpointed(plan, h, cos, sin, how, checkpoint_segments)
     kv = []

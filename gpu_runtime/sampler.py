@@ -10,9 +10,14 @@ revision, one for the base model), so a forward pass never mixes adapters. Each 
   3. runs one decode forward per cohort, feeding every row its last token, and samples the next.
 A request submitted while a long one decodes therefore joins at the next step, never waiting for
 the long one to finish. Finished rows leave the cohort at once and padding columns no row needs
-are trimmed. Explicit position ids and the attention mask make a row's math independent of its
-neighbours (up to float rounding in batched matmuls); sampling is row-wise and draws from each
-request's own torch.Generator, so a seed gives the same tokens alone or in any batch.
+are trimmed. Explicit position ids and attention over each row's own columns make a row's math
+independent of its neighbours; sampling is row-wise and draws from each request's own
+torch.Generator, so a seed gives the same tokens alone or in any batch. Bit for bit where every
+matmul runs over oneDNN-packed weights (float32 on the CPU, `packed_linear`; `packing_problem`
+says why not elsewhere): there each row's logits equal its logits alone, whatever the batch
+holds. Elsewhere (GPU, reduced precision, models too large to stack, the transformers forward)
+batched matmuls may round a row differently with the batch, so a token drawn where two tokens'
+cumulative probabilities meet the uniform can differ.
 
 Forward passes take the lean path (`gpu_runtime.lean_decoder`, over a `kv_cache.LeanCache`) when
 the model and the cohort's adapter have a supported shape, and the transformers forward (over a
@@ -104,8 +109,9 @@ class Sampler:
         reason = lean_decoder.unsupported_reason(self._model)
         self.forward_path = "lean" if reason is None else "transformers"
         self.lean_unsupported_reason = reason
-        # Why the projections run on plain F.linear rather than oneDNN-packed weights
-        # (`gpu_runtime.packed_linear`), or None when they are packed; each plan built updates it.
+        # Why the matmuls run on plain F.linear rather than oneDNN-packed weights (`packed_linear`),
+        # so that rows are batch-invariant only up to rounding, or None when they are packed (and
+        # bitwise batch-invariant); each plan built updates it.
         self.packing_problem: str | None = "the transformers forward serves this model"
         if reason is None:
             self.packing_problem = packed_linear.packing_problem(lean_decoder.plan_for(self._model, merge_lora=True))
@@ -250,7 +256,12 @@ class Sampler:
             padded = any(len(p) < width for p in prompts)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             plan = self._plan(key)
-            if plan is not None:
+            if isinstance(plan, packed_linear.PackedPlan):  # each row over its own columns: batch-invariant
+                starts = [width - len(p) for p in prompts]
+                hidden, kv = lean_decoder.forward(plan, ids, positions=positions, starts=starts)
+                cache = kv_cache.LeanCache(kv)
+                logits = packed_linear.lm_logits(plan, hidden[:, -1, :])
+            elif plan is not None:
                 attend = _prefill_attention(mask) if padded else None
                 hidden, kv = lean_decoder.forward(plan, ids, positions=positions, mask=attend)
                 cache = kv_cache.LeanCache(kv)
@@ -306,10 +317,15 @@ class Sampler:
             )
             if isinstance(cohort.cache, kv_cache.LeanCache):
                 plan = self._plan(cohort.key)
-                hidden, _ = lean_decoder.forward(
-                    plan, ids, positions=positions, mask=mask.bool()[:, None, None, :], cache=cohort.cache
-                )
-                logits = lean_decoder.lm_logits(plan, hidden[:, -1, :])
+                if isinstance(plan, packed_linear.PackedPlan):
+                    hidden, _ = lean_decoder.forward(
+                        plan, ids, positions=positions, starts=_first_real_columns(mask), cache=cohort.cache
+                    )
+                else:
+                    hidden, _ = lean_decoder.forward(
+                        plan, ids, positions=positions, mask=mask.bool()[:, None, None, :], cache=cohort.cache
+                    )
+                logits = packed_linear.lm_logits(plan, hidden[:, -1, :])
             else:
                 out = self._model(
                     input_ids=ids, attention_mask=mask, position_ids=positions, cache=cohort.cache, use_cache=True
@@ -394,6 +410,12 @@ class Sampler:
             elif len(keep) < len(cohort.seqs):
                 cohort.mask = kv_cache.keep_rows(cohort.cache, cohort.mask, keep)
                 cohort.seqs = [cohort.seqs[i] for i in keep]
+
+
+def _first_real_columns(mask: torch.Tensor) -> list[int]:
+    """Each row's first real column. A row's real columns are a suffix of the cohort's: prompts are
+    left-padded, decoding appends on the right, and row surgery left-pads or drops leading columns."""
+    return (mask.shape[1] - mask.sum(1)).tolist()
 
 
 def _prefill_attention(mask: torch.Tensor) -> torch.Tensor:

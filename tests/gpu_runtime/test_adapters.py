@@ -31,12 +31,27 @@ def make_adapter(base_dir, out_dir, *, seed: int, random_b: bool = True):
     return out_dir
 
 
+def make_strong_adapter(base_dir, out_dir, *, seed: int):
+    """A LoRA that moves the logits far (r=4 on q/v, B drawn from N(0, 1)): the kind whose sampled
+    tokens once changed with the batch around a request."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, local_files_only=True)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 1.0)
+    peft_model.save_pretrained(out_dir)
+    return out_dir
+
+
 @pytest.fixture(scope="module")
 def adapter_dirs(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("adapters")
     return {
         "tuned": make_adapter(tiny_model[0], root / "tuned", seed=1),
         "zero": make_adapter(tiny_model[0], root / "zero", seed=2, random_b=False),
+        "strong": make_strong_adapter(tiny_model[0], root / "strong", seed=3),
     }
 
 
@@ -80,6 +95,42 @@ def test_adapters_are_never_mixed_inside_a_batch(adapter_sampler):
     assert mixed[1].completion_token_ids == alone[0].completion_token_ids
     assert mixed[0].completion_token_ids == alone[1].completion_token_ids
     assert mixed[0].token_logprobs == pytest.approx(alone[1].token_logprobs, abs=1e-5)
+
+
+def ask(content, adapter, *, seed, max_tokens=6, temperature=2.0):
+    return SampleRequest(
+        messages=[{"role": "user", "content": content}],
+        adapter=adapter,
+        seed=seed,
+        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens),
+        ignore_eos=True,
+    )
+
+
+@pytest.mark.parametrize("adapter", ["strong", None])
+def test_a_request_gets_bitwise_the_same_logits_alone_and_in_any_batch(adapter_sampler, adapter):
+    """Batch invariance bit for bit, for a strong adapter's cohort as for the base model's: a row's
+    logits (so its log-probs, exactly, and its seeded tokens) do not depend on the rows around it,
+    whether they share its prefill, are longer or shorter, or were decoding before it joined."""
+    target = ask("What is 47 + 13?", adapter, seed=27)
+    alone = adapter_sampler.generate([target])[0]
+    neighbours = [
+        ask("Hello!", adapter, seed=1, max_tokens=3),
+        ask("Tell me a fact about cats, then one about dogs.", adapter, seed=2, temperature=1.0),
+        ask("What is 3 + 4? Reply with just the number.", adapter, seed=3, max_tokens=9),
+    ]
+    batched = adapter_sampler.generate([neighbours[0], target, *neighbours[1:]])[1]
+    assert batched.completion_token_ids == alone.completion_token_ids
+    assert batched.token_logprobs == alone.token_logprobs  # equal, not close
+
+    early = [adapter_sampler.submit(n) for n in neighbours[1:]]
+    adapter_sampler.step()
+    adapter_sampler.step()
+    late = adapter_sampler.submit(target)
+    while not (late.done() and all(h.done() for h in early)):
+        adapter_sampler.step()
+    assert late.result().completion_token_ids == alone.completion_token_ids
+    assert late.result().token_logprobs == alone.token_logprobs
 
 
 def test_adapter_names_are_any_registry_names(adapter_sampler):

@@ -15,7 +15,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from gpu_runtime import chunked_attention, lean_decoder, lean_plan
+from gpu_runtime import chunked_attention, kv_cache, lean_decoder, lean_plan, onednn_linear, packed_linear
 from gpu_runtime.grpo.adapter_io import attach_lora
 from gpu_runtime.grpo.reference import token_logprobs
 
@@ -198,6 +198,59 @@ def test_left_padded_prefill_then_decode_matches_full_forwards():
                 torch.testing.assert_close(
                     got[step][row], full[len(rows[row]) - 1 + step], atol=2e-5, rtol=0
                 )
+
+
+@pytest.mark.skipif(onednn_linear.onednn_problem() is not None, reason=f"{onednn_linear.onednn_problem()}")
+def test_rows_attending_by_start_get_bitwise_their_logits_alone():
+    """The sampler's batch-invariant path: a packed plan, rows left-padded and attending from their
+    first real column (`starts`), prefilled together and decoded over a LeanCache. Each row's logits
+    equal, bit for bit, those it gets alone (two rows share a start: one attention group), and its
+    own unpadded full forward's to rounding."""
+    model = _model("qwen3")
+    plan, problem = packed_linear.packed_plan(lean_decoder.plan_for(model, merge_lora=True))
+    assert problem is None and isinstance(plan, packed_linear.PackedPlan)
+    rows = [[5, 9, 14, 3, 22, 7], [8, 41, 2], [8, 41, 7], [17, 4, 4, 90]]
+    steps = [[11, 12], [60, 61], [60, 3], [1, 2]]
+
+    def run(prompts, tokens):
+        width = max(len(r) for r in prompts)
+        ids = torch.tensor([[0] * (width - len(r)) + r for r in prompts])
+        starts = [width - len(r) for r in prompts]
+        positions = torch.tensor([[0] * start + list(range(len(r))) for start, r in zip(starts, prompts, strict=True)])
+        with torch.inference_mode():
+            hidden, kv = lean_decoder.forward(plan, ids, positions=positions, starts=starts)
+            cache = kv_cache.LeanCache(kv)
+            logits = [packed_linear.lm_logits(plan, hidden[:, -1])]
+            for step in range(2):
+                positions = positions[:, -1:] + 1
+                token = torch.tensor([[t[step]] for t in tokens])
+                hidden, _ = lean_decoder.forward(plan, token, positions=positions, starts=starts, cache=cache)
+                logits.append(packed_linear.lm_logits(plan, hidden[:, -1]))
+        return torch.stack(logits, 1)  # (rows, steps, vocab)
+
+    together = run(rows, steps)
+    for row, (prompt, tokens) in enumerate(zip(rows, steps, strict=True)):
+        assert torch.equal(together[row], run([prompt], [tokens])[0])
+        with torch.no_grad():
+            full = model(input_ids=torch.tensor([prompt + tokens])).logits[0]
+        torch.testing.assert_close(together[row], full[len(prompt) - 1 : len(prompt) + 2], atol=2e-5, rtol=0)
+
+
+def test_the_batch_invariant_silu_rounds_a_row_alike_in_any_batch():
+    """torch's fused silu rounds the scalar tail of a loop apart from its vectorised body, and a
+    multi-threaded elementwise op cuts rows where its element count splits, so a row's activations
+    moved with the batch (6 of these 2,003 rows at 8 threads). `_silu_times` rounds them alike."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(8)
+    try:
+        with torch.inference_mode():
+            gate, up = (torch.randn(2003, 576, generator=torch.Generator().manual_seed(0)) * 3).split(288, -1)
+            together = lean_decoder._silu_times(gate, up)
+            torch.testing.assert_close(together, torch.nn.functional.silu(gate) * up)
+            for row in range(len(gate)):
+                assert torch.equal(lean_decoder._silu_times(gate[row : row + 1], up[row : row + 1]), together[row : row + 1])
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_matmul_and_sdpa_attention_paths_agree(monkeypatch):

@@ -4,7 +4,9 @@ GRPO run that equals the plain one, and the plain path wherever packing does not
 reason).
 
 The tiny model is below the packing threshold (its weights stay in cache), so these tests lower the
-threshold to run the packed path on it; the 25.7 M-parameter model of the benchmarks is above it.
+threshold to run its training plans packed; the 25.7 M-parameter model of the benchmarks is above it.
+The sampler packs every model it can, whatever its size: a row's product over packed weights does
+not depend on the rows beside it (batch invariance, tests/gpu_runtime/test_adapters.py).
 """
 
 from __future__ import annotations
@@ -116,11 +118,35 @@ def test_the_packed_copy_replaces_the_plain_stack_and_is_shared_across_plans(loa
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4) and not torch.allclose(got, base, atol=1e-3)
 
 
-def test_where_packing_does_not_apply_the_plan_is_unchanged_and_says_why(loaded, monkeypatch):
+def test_a_row_over_a_packed_weight_is_bitwise_the_same_in_any_batch():
+    """oneDNN runs one row alone with another kernel (at 3,072 inputs, another sum): it runs as two."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(256, 3072, generator=generator)
+    packed = onednn_linear.pack(weight)
+    x = torch.randn(9, 3072, generator=generator)
+    alone = [onednn_linear.linear(x[row : row + 1], packed, None, (weight,)) for row in range(9)]
+    for rows in (2, 3, 9):
+        together = onednn_linear.linear(x[:rows], packed, None, (weight,))
+        assert all(torch.equal(together[row], alone[row][0]) for row in range(rows))
+    torch.testing.assert_close(alone[0], x[:1] @ weight.T, rtol=1e-4, atol=1e-3)
+
+
+def test_the_sampler_packs_a_small_model_its_trainer_does_not(loaded):
     plan = lean_decoder.plan_for(loaded.model, merge_lora=True)
-    unchanged, problem = packed_linear.packed_plan(plan)
-    assert unchanged is plan and "small model" in problem and "stay in cache" in problem
+    assert "small model" in plan.packing_problem and "stay in cache" in plan.packing_problem
     assert plan.layers[0].qkv.weight is not None and plan.layers[0].qkv.packed is None  # plain stack
+    packed, problem = packed_linear.packed_plan(plan)
+    assert problem is None and isinstance(packed, packed_linear.PackedPlan)
+    layer = packed.layers[0]
+    assert layer.qkv.packed is not None and layer.gate_up.packed is not None and layer.qkv.weight is None
+    assert isinstance(layer.o, packed_linear.PackedLinear) and isinstance(packed.head, packed_linear.PackedLinear)
+    assert plan.layers[0].qkv.weight is not None  # the trainer's plain stack stays
+    hidden = torch.randn(3, loaded.model.config.hidden_size)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed_linear.lm_logits(packed, hidden), lean_decoder.lm_logits(plan, hidden))
+
+
+def test_where_packing_does_not_apply_the_plan_is_unchanged_and_says_why(loaded, monkeypatch):
 
     monkeypatch.setattr(onednn_linear, "PACK_MIN_ELEMENTS", 0)
     monkeypatch.setenv(onednn_linear.SWITCH, "0")
@@ -147,13 +173,17 @@ def test_where_packing_does_not_apply_the_plan_is_unchanged_and_says_why(loaded,
     assert "not stacked" in problem
 
 
-def test_a_packed_sampler_samples_as_the_plain_one(packed_sampler, sampler, full_forward):
+def test_a_packed_sampler_samples_as_the_plain_one(packed_sampler, loaded, full_forward, monkeypatch):
     requests = [
         ask(seed=31, max_tokens=20, ignore_eos=True),
         ask("Hello!", thinking=False, seed=32, max_tokens=12, temperature=0.8, top_p=0.9),
         ask("What is 3 + 4? Reply with just the number.", seed=33, max_tokens=8, repetition_penalty=1.4),
     ]
-    packed, plain = packed_sampler.generate(requests), sampler.generate(requests)
+    packed = packed_sampler.generate(requests)
+    monkeypatch.setenv(onednn_linear.SWITCH, "0")
+    plain_sampler = Sampler(loaded)
+    plain = plain_sampler.generate(requests)
+    assert plain_sampler.packing_problem == f"{onednn_linear.SWITCH}=0"
     (plan,) = packed_sampler._plans.values()  # the base model's: its projections ran packed
     assert plan.layers[0].qkv.packed is not None and isinstance(plan.layers[0].down, packed_linear.PackedLinear)
     assert packed_sampler.packing_problem is None
@@ -166,6 +196,7 @@ def test_a_packed_sampler_samples_as_the_plain_one(packed_sampler, sampler, full
     # A request's tokens do not depend on its neighbours.
     alone = packed_sampler.generate([requests[0]])[0]
     assert alone.completion_token_ids == first.completion_token_ids
+    assert alone.token_logprobs == first.token_logprobs  # bit for bit: packed rows are batch-invariant
 
 
 def test_records_from_a_packed_sampler_pass_the_trainers_replay(packed_sampler, tiny_model_dir, tmp_path, one_thread):
