@@ -24,7 +24,8 @@ from openenv.client.session import open_episode
 from openenv.client.urls import normalize_url
 from openenv.collector.collect import _bounded
 from openenv.collector.errors import CollectionError
-from openenv.verify import _equal, _first_difference, verify
+from openenv.json_compare import first_difference, json_equal
+from openenv.verify import verify
 
 REPLAY_RUN_SCHEMA = "kiln.openenv-replay-run.v1"
 
@@ -35,9 +36,9 @@ def _divergence(group: dict, candidate: dict, step, field: str, expected, actual
 
 
 def _compare(group, candidate, step, field, expected, actual) -> dict | None:
-    if _equal(actual, expected):
+    if json_equal(actual, expected):
         return None
-    path = _first_difference(actual, expected, field)
+    path = first_difference(actual, expected, field)
     return _divergence(group, candidate, step, path, _pick(expected, path, field), _pick(actual, path, field))
 
 

@@ -34,6 +34,7 @@ from openenv.client.errors import OpenEnvError
 from openenv.collector import formats, prompts
 from openenv.collector.config import reset_plan_sha256
 from openenv.collector.selection import select_for_training
+from openenv.json_compare import first_difference, json_equal
 
 MAX_FILE_BYTES = formats.MAX_ARTIFACT_BYTES
 ACCEPTED_SUMMARY_SCHEMAS = (formats.SUMMARY_SCHEMA,)
@@ -105,20 +106,8 @@ def _keys(value, what: str, required: set, optional: set = frozenset()) -> dict:
 
 
 def _same(where: str, found, expected) -> None:
-    if not _equal(found, expected):
+    if not json_equal(found, expected):
         raise VerificationError(where, f"is {_short(found)}, expected {_short(expected)}")
-
-
-def _equal(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and type(a) is type(b) and a == b
-    return type(a) is type(b) and a == b
 
 
 def _short(value) -> str:
@@ -126,22 +115,9 @@ def _short(value) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _first_difference(found, expected, path: str) -> str:
-    """The JSON path of the first place two values differ."""
-    if isinstance(found, dict) and isinstance(expected, dict) and list(found) == list(expected):
-        for key in found:
-            if not _equal(found[key], expected[key]):
-                return _first_difference(found[key], expected[key], f"{path}.{key}")
-    if isinstance(found, list) and isinstance(expected, list) and len(found) == len(expected):
-        for index, (a, b) in enumerate(zip(found, expected, strict=True)):
-            if not _equal(a, b):
-                return _first_difference(a, b, f"{path}[{index}]")
-    return path
-
-
 def _same_deep(where: str, found, expected) -> None:
-    if not _equal(found, expected):
-        path = _first_difference(found, expected, where)
+    if not json_equal(found, expected):
+        path = first_difference(found, expected, where)
         raise VerificationError(path, "does not match what the other files imply")
 
 
@@ -204,7 +180,7 @@ def _replay(replay: dict, summary: dict) -> int:
             raise VerificationError(f"{where}.reset_payload", "must be a JSON object")
         template = templates.setdefault(group["environment_index"], seed_free(payload))
         expected = effective_reset(template, group["seed"])
-        if _equal(payload, effective_reset(template, group["seed"], with_episode_id=False)):
+        if json_equal(payload, effective_reset(template, group["seed"], with_episode_id=False)):
             expected = payload  # recorded before Kiln sent an episode id with each reset
         _same_deep(f"{where}.reset_payload", payload, expected)
         _keys(group["reset_observation"], f"{where}.reset_observation", {"observation", "reward", "done"}, {"metadata"})

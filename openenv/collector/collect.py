@@ -35,6 +35,7 @@ from openenv.collector.episode import BehaviorWitness, CandidateResult, EpisodeS
 from openenv.collector.errors import CollectionError
 from openenv.collector.policy import Policy, Sampling
 from openenv.collector.selection import select_for_training
+from openenv.json_compare import first_difference
 
 Progress = Callable[[int, int, str], None]
 
@@ -85,32 +86,16 @@ async def discover(config: CollectionConfig) -> list:
         raise CollectionError.from_client(exc, stage="discovery") from None
 
 
-def _first_difference(a, b, path: str = "") -> str:
-    """The JSON path of the first place two reset results differ ("" when the difference is the whole)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b), key=str):
-            if a.get(key, _MISSING) != b.get(key, _MISSING):
-                return _first_difference(a.get(key), b.get(key), f"{path}.{key}")
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for index, (x, y) in enumerate(zip(a, b, strict=True)):
-            if x != y:
-                return _first_difference(x, y, f"{path}[{index}]")
-    return path
-
-
-_MISSING = object()
-
-
 def _check_group(group_index: int, results: list[CandidateResult]) -> None:
     first = results[0]
     for other in results[1:]:
         if other.reset.to_json() != first.reset.to_json() or other.prompt != first.prompt:
-            where = _first_difference(other.reset.to_json(), first.reset.to_json())
+            where = first_difference(other.reset.to_json(), first.reset.to_json(), "reset")
             raise CollectionError(
                 "openenv_reset_not_identical",
                 f"group {group_index}: candidate {other.candidate_index} got a different reset observation than "
                 f"candidate {first.candidate_index} for the same reset payload and seed"
-                + (f" (first difference at reset{where})" if where else ""),
+                + (f" (first difference at {where})" if where != "reset" else ""),
                 hint="the environment's reset is not deterministic for a seed: GRPO groups need identical starts. "
                      "Derive anything it draws at reset from the reset's `seed` (Kiln also sends `episode_id`, one "
                      "per seed)")
