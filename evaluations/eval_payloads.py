@@ -35,6 +35,7 @@ pairs them on suite_hash + effective_generation_hash).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -119,7 +120,10 @@ def parse_generation(value, *, suite_hash: str) -> dict:
         raise PayloadError("generation", "must be an object of generation settings")
     unknown = sorted(set(value) - set(GENERATION_FIELDS))
     if unknown:
-        raise PayloadError(f"generation.{unknown[0]}", f"is not a generation setting (known: {', '.join(GENERATION_FIELDS)})")
+        close = difflib.get_close_matches(str(unknown[0]), GENERATION_FIELDS, n=1)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PayloadError(f"generation.{unknown[0]}",
+                           f"is not a generation setting{guess} (known: {', '.join(GENERATION_FIELDS)})")
     out: dict[str, Any] = {}
     for name, default in SAMPLING_DEFAULTS.items():
         given = value.get(name)

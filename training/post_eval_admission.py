@@ -1,6 +1,9 @@
 """The held-out `post_eval` checks that run at submission, before anything is queued (§1.4).
 
 - The suite must be installed (404 `eval_suite_not_found`).
+- `generation` must be settings the eval run will accept (400 `training_invalid_request` naming
+  `post_eval.generation.FIELD`): checked now with the eval side's own parser, so a misspelt
+  `temprature` is refused before training instead of leaving the gate `error` hours later.
 - With `data_scope: held-out` (the default) the suite must not overlap the admitted training data:
   exact or normalized prompt/target (also with the system message or trailing tool results
   removed), exact or normalized source-row identity, or a shared group_id/session_id
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from core.contracts.grpo_submission import PostEvalConfig
 from core.errors import KilnError
+from evaluations.eval_payloads import PayloadError, parse_generation
 from evaluations.overlap import find_overlaps
 from evaluations.suite_selectors import suite_document, suite_get
 
@@ -43,6 +47,7 @@ def check_post_eval(post_eval: PostEvalConfig, rows: list[dict]) -> dict:
         raise KilnError("eval_suite_not_found", f"post_eval.suite: no installed eval suite named "
                         f"{post_eval.suite!r}", status=404, field="post_eval.suite",
                         hint="install it first: kiln eval suites create FILE, or synthesize one from a dataset")
+    check_post_eval_generation(post_eval, suite_hash=suite.suite_hash)
     if post_eval.data_scope == "held-out":
         examples = suite_document(suite=suite)["examples"]
         overlaps = find_overlaps(rows, examples, limit=OVERLAP_SEARCH_LIMIT)
@@ -56,3 +61,14 @@ def check_post_eval(post_eval: PostEvalConfig, rows: list[dict]) -> dict:
                             hint="evaluate on held-out rows (a dataset's holdout partition), or use "
                                  "data_scope train-set-eval for a diagnostic without a gate")
     return {"suite": suite.name, "suite_hash": suite.suite_hash}
+
+
+def check_post_eval_generation(post_eval: PostEvalConfig, *, suite_hash: str) -> None:
+    """Refuse generation settings the post-training eval would refuse (the same parser it runs)."""
+    try:
+        parse_generation(post_eval.generation, suite_hash=suite_hash)
+    except PayloadError as exc:
+        field = f"post_eval.{exc.field}"
+        raise KilnError("training_invalid_request", f"{field}: {exc.message}", status=400, field=field,
+                        hint="fix or remove the setting; post_eval.generation takes the settings of "
+                             "kiln eval run (temperature, top_p, max_tokens, seed, thinking, ...)") from None

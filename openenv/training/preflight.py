@@ -123,15 +123,18 @@ def _post_eval(value: dict | None) -> dict | None:
     if value is None:
         return None
     from evaluations.suite_selectors import suite_get
+    from training.post_eval_admission import check_post_eval_generation
 
     try:
         post_eval = PostEvalConfig.from_dict(value)
     except GrpoConfigError as exc:
         raise _invalid(exc.field, exc.message) from None
-    if suite_get(name=post_eval.suite) is None:
+    suite = suite_get(name=post_eval.suite)
+    if suite is None:
         raise KilnError("eval_suite_not_found", f"post_eval.suite: no installed eval suite named {post_eval.suite!r}",
                         status=404, field="post_eval.suite",
                         hint="install it first: kiln eval suites create FILE")
+    check_post_eval_generation(post_eval, suite_hash=suite.suite_hash)
     return post_eval.to_dict()
 
 

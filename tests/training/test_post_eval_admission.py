@@ -58,6 +58,32 @@ def test_a_misspelt_post_eval_key_is_refused_not_ignored(api, home):
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize(("generation", "field", "said"), [
+    ({"temprature": 0.5}, "post_eval.generation.temprature", "did you mean 'temperature'?"),
+    ({"top_p": 1.5}, "post_eval.generation.top_p", "top_p"),
+    ({"thinking_budget_tokens": 64}, "post_eval.generation.thinking_budget_tokens", "needs thinking on"),
+    ({"seed": "x"}, "post_eval.generation.seed", "decimal u64"),
+])
+def test_generation_settings_the_eval_would_refuse_are_refused_before_training(api, home, generation, field, said):
+    """A misspelt `temprature` used to be accepted: the run trained, then the gate ended `error`."""
+    _suite("math-holdout", [_example(1, "What is 100 + 100?")])
+    body = {"groups": [group(1), group(2)], "config": {"output_name": "m-r001"},
+            "post_eval": {"suite": "math-holdout", "min_accuracy": 0.5, "generation": generation}}
+    response = _train(api, body)
+    message = error(response, 400, "training_invalid_request")
+    assert message.startswith(f"{field}: ") and said in message
+    assert "kiln eval run" in response.json()["error"]["hint"]
+    assert not Job.objects.exists()
+
+
+def test_valid_generation_settings_are_admitted(api, home):
+    _suite("math-holdout", [_example(1, "What is 100 + 100?")])
+    body = {"groups": [group(1), group(2)], "config": {"output_name": "m-r001"},
+            "post_eval": {"suite": "math-holdout", "generation": {"temperature": 0.5, "max_tokens": 16, "seed": 7}}}
+    ok(_train(api, body))
+    assert Job.objects.count() == 1
+
+
 def test_post_eval_under_the_maintenance_profile_is_refused_before_it_trains(api, home, settings):
     """Maintenance refuses evaluation: a gate could only end in error, so the run is not queued; the
     same run without post_eval trains (maintenance admits training)."""

@@ -11,6 +11,7 @@ import pytest
 
 from core.canonical import json_digest
 from core.jobs.models import Job, WorkerHeartbeat
+from evaluations.suite_services import suite_store
 from openenv.models import OpenEnvRun
 from tests.openenv.training.conftest import error_of, publish_adapter
 
@@ -91,6 +92,12 @@ def test_unknown_fields_and_bad_values_are_refused_with_training_codes(api, serv
     typo = error_of(preflight(api, {"output_adapter": "x", "post_eval": {"suite": "s", "min_acuracy": 0.9}}), 400,
                     "training_invalid_request")
     assert typo["message"].startswith("post_eval.min_acuracy: unknown field 'min_acuracy' (did you mean 'min_accuracy'?)")
+    suite_store(body={"name": "held", "scorer": {"type": "exact"},
+                      "examples": [{"id": "e1", "messages": [{"role": "user", "content": "hi"}], "target": "0"}]})
+    generation = error_of(preflight(api, {"output_adapter": "x", "post_eval": {
+        "suite": "held", "generation": {"temprature": 0.5}}}), 400, "training_invalid_request")
+    assert generation["message"].startswith("post_eval.generation.temprature: is not a generation setting "
+                                            "(did you mean 'temperature'?)")
 
     settings.KILN = replace(settings.KILN, max_queued_jobs=0)
     response = preflight(api, {"output_adapter": "x"})
