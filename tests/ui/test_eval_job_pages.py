@@ -254,6 +254,28 @@ def test_the_jobs_tab_lists_eval_jobs_with_accuracy_and_a_compare_link(operator_
     assert 'href="/ui/evaluations/jobs/"' in hub and 'ws-connect="/ws/ui/jobs/?category=evaluation"' in hub
 
 
+class AdapterFailsSums(FakeModel):
+    """Adapter `a1` answers every sum wrong: zero passes."""
+
+    def __call__(self, body, timeout=900.0):
+        response = super().__call__(body, timeout)
+        if body.get("adapter") == "a1":
+            response["choices"][0]["message"]["content"] = "wrong"
+        return response
+
+
+def test_a_target_with_no_passes_shows_zero_not_a_dash(operator_client, suite, adapter, monkeypatch, gpu_worker):  # noqa: F811
+    """A pass count of 0 read as "—" (unknown) in the jobs tab; 0 passes is a result."""
+    from adapters.serving import sync_client
+
+    monkeypatch.setattr(sync_client, "chat_completion_sync", AdapterFailsSums())
+    done = _compare_job(operator_client)
+    html = _html(operator_client.get("/ui/evaluations/jobs/"))
+    row = html[html.index(f'id="eval-job-{done.uuid}"'):]
+    row = row[:row.index("</tr>")]
+    assert "pass 3 · 0" in row
+
+
 # ---- gate evidence ------------------------------------------------------------------------------
 
 def _arm(adapter, outcomes):
