@@ -433,3 +433,27 @@ def test_long_histories_are_thinned_but_keep_spikes_and_the_newest_point():
     ys = [float(p.split(",")[1]) for p in line.points.split()]
     assert min(ys) == 4.0  # the spike (highest value) is drawn at the top
     assert line.last == 0.5 and line.points.split()[-1] == f"{line.last_x},{line.last_y}"
+
+
+@pytest.mark.parametrize(("post_eval", "approval", "said"), [
+    (None, False, "yes: served once published"),
+    (None, True, "yes: once published, a promotion request a reviewer approves"),
+    ({"suite": "held", "min_accuracy": 0.5}, False, "yes, if the post-eval gate passes (floor 0.5)"),
+    ({"suite": "held", "min_accuracy": 0.5}, True, "yes, if the post-eval gate passes (floor 0.5); then a reviewer approves it"),
+    ({"suite": "held"}, False, "yes: served once published"),  # an eval without a floor decides nothing
+])
+def test_the_auto_load_line_says_what_decides_activation(operator_client, operator, settings, post_eval, approval, said):
+    """It said "served once published" for a run whose gate decides, or a reviewer."""
+    from dataclasses import replace
+
+    from evaluations.suite_services import suite_store
+
+    suite_store(body={"name": "held", "scorer": {"type": "exact"},
+                      "examples": [{"id": "e1", "messages": [{"role": "user", "content": "What is 9 + 9?"}],
+                                    "target": "18"}]})
+    settings.KILN = replace(settings.KILN, promotion_require_approval=approval)
+    job, _ = grpo_submit(body={"groups": [GROUP], "config": {"output_name": "auto-r001", "auto_load": True},
+                               "post_eval": post_eval}, user=operator)
+    html = operator_client.get(f"/ui/jobs/{job.uuid}/").content.decode()
+    line = html[html.index('id="training-auto-load">') + len('id="training-auto-load">'):]
+    assert " ".join(unescape(line[:line.index("</dd>")]).split()) == said

@@ -1,5 +1,5 @@
 """Registry reads for templates that show a stored record beside the state of things now: which
-adapter serves, and whether a job a record links to still exists. Through the apps' selectors only;
+adapter serves, whether a job a record links to still exists, and whether promotion needs approval. Through the apps' selectors only;
 reads, never decisions. (The presentation filters without database access are in `kiln_ui`.)
 """
 
@@ -27,3 +27,12 @@ def job_live(job_id) -> bool:
     from core.jobs.selectors import job_get
 
     return job_get(job_id=str(job_id)) is not None
+
+
+@register.simple_tag
+def promotion_needs_approval() -> bool:
+    """Whether an activation asked for now becomes a promotion request a reviewer approves
+    (`[promotion] require_approval`, on by default with more than one user)."""
+    from adapters.promotions import approval_required
+
+    return approval_required()
