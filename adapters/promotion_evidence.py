@@ -269,7 +269,7 @@ def promotion_alarms(evidence: dict, *, incumbent=NOT_CHECKED) -> list[str]:
       would hardly write. The KL penalty (default kl_coeff 0.1) exists to keep a run far below that, so
       the bound catches a policy that escaped its anchor (the usual companion of a hacked reward) rather
       than ordinary drift; a last-quarter mean, so one noisy step does not trip it;
-    - completion lengths collapsed or exploded: candidate mean / incumbent mean completion tokens on the
+    - completion lengths collapsed or exploded: candidate mean / baseline mean completion tokens on the
       held-out eval below `min_length_ratio` (0.5: half as long) or above `max_length_ratio` (2.0: twice
       as long), only with at least MIN_LENGTH_SAMPLES measured completions on each side (fewer is noise).
 
@@ -300,8 +300,11 @@ def promotion_alarms(evidence: dict, *, incumbent=NOT_CHECKED) -> list[str]:
     counts = _number(cand.get("count")) or 0, _number(inc.get("count")) or 0
     if c_mean is not None and i_mean and min(counts) >= need:
         ratio = c_mean / i_mean
-        figures = (f"candidate mean {c_mean:.4g} over {cand['count']} vs incumbent {i_mean:.4g} over "
-                   f"{inc['count']} held-out completions, ratio {ratio:.3g}")
+        # The evidence keeps the key "incumbent", but the figures are the gate's baseline arm, which
+        # need not be the adapter active now (baseline_mismatch says when): name it as what it is.
+        baseline_name = lengths.get("incumbent_adapter")
+        figures = (f"candidate mean {c_mean:.4g} over {cand['count']} vs baseline {_adapter_label(baseline_name)} "
+                   f"{i_mean:.4g} over {inc['count']} held-out completions, ratio {ratio:.3g}")
         if low is not None and ratio < low:
             alarms.append(f"completion lengths collapsed: {figures} < min_length_ratio {low:.3g}")
         elif high is not None and ratio > high:

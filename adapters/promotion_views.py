@@ -60,7 +60,8 @@ def promotions(request):
         state_error = f"there is no promotion state {state!r}; showing every state"
         state = None
     rows = _queue_rows(state)
-    context = {"rows": rows, "state": state, "state_error": state_error, "states": PromotionState.values,
+    active = adapter_selectors.adapter_active()
+    context = {"rows": rows, "state": state, "active_name": active.name if active else None, "state_error": state_error, "states": PromotionState.values,
                "any_promotion": bool(rows) or state is not None,
                "can_approve": request.user.has_perm(promotion_services.APPROVE_PERMISSION)}
     if request.GET.get("fragment") == "rows":

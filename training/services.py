@@ -44,8 +44,8 @@ FIELD_HINTS = (
     ("config.base_adapter", "list published adapters with `kiln adapters list`; the first round starts from the "
                             "base model (leave base_adapter out)"),
     ("config", "see the defaults in GET /v1/config and the fields in the README's training reference"),
-    ("post_eval", "post_eval is {suite, min_accuracy?, data_scope?}: an installed suite (kiln eval suites list) "
-                  "and a minimum accuracy in [0, 1]"),
+    ("post_eval", "post_eval is {suite, data_scope?, generation?, min_accuracy?, include_baseline?}: an installed "
+                  "suite (kiln eval suites list); min_accuracy in [0, 1] makes it a promotion gate"),
     ("request", "send one JSON object: {groups | dataset_path | dataset, config, post_eval?}"),
 )
 GROUP_HINT = ("each group is {messages, completions: [{text, reward}, ...]} with at least two completions and "

@@ -174,6 +174,7 @@ def test_a_real_post_eval_gives_lengths_and_samples_and_a_length_explosion_is_fl
     assert not Job.objects.filter(kind="adapter.activate").exists()
     [alarm] = promotion.alarms
     assert alarm.startswith("completion lengths exploded") and "24" in alarm
+    assert "vs baseline 'prev' 3 over 24" in alarm and "incumbent" not in alarm  # the gate's baseline arm
     evidence = promotion.evidence
 
     lengths = evidence["lengths"]

@@ -324,6 +324,51 @@ def test_a_stale_promotion_is_marked_and_its_approval_refused(home, team):
     assert Promotion.objects.get(id=promotion.id).state == "pending"
 
 
+def test_the_queue_marks_a_pending_promotion_whose_incumbent_no_longer_serves(home, team):
+    """Only the detail page said so; the queue showed it like any other pending row."""
+    requester, reviewer, _ = team
+    published(home, "r2")
+    promotion = promotion_request(candidate="r2", user=requester, reason="round two")
+    def row():
+        html = _html(_client(reviewer).get("/ui/promotions/?fragment=rows"))
+        found = html[html.index(f'id="promotion-row-{promotion.id}"'):]
+        return found[:found.index("</tr>")]
+    assert "promotion-stale" not in row()
+    published(home, "r3", loaded=True)  # the incumbent changed meanwhile
+    assert "stale</span> r3 serves now" in row()
+
+
+def test_a_negative_kl_estimate_is_not_called_within_the_bound(home, team):
+    requester, reviewer, _ = team
+    published(home, "r2")
+    promotion = promotion_request(candidate="r2", user=requester, reason="signed")
+    evidence = {**promotion.evidence, "alarm_bounds": {"max_kl_to_reference": 0.5},
+                "kl_to_reference": {"value": -0.2, "statistic": "last_quarter_mean", "source": "x"}}
+    Promotion.objects.filter(id=promotion.id).update(evidence=evidence)
+    kl = _block(_html(_client(reviewer).get(f"/ui/promotions/{promotion.id}/")), "kl-to-reference")
+    assert "(below zero: not measured by the bound 0.5)" in kl and "within" not in kl
+
+
+def test_a_post_eval_without_a_floor_is_not_described_as_absent(home, team):
+    """It said "requested for an adapter trained without post_eval" when a post-eval had run."""
+    import uuid
+
+    requester, reviewer, _ = team
+    published(home, "r2")
+    promotion = promotion_request(candidate="r2", user=requester, reason="diagnostic eval only")
+    post_eval_job = _training_job(requester, REWARDS)  # any live job stands for the post-eval here
+    for job_id, link in ((str(post_eval_job.uuid), True), (str(uuid.uuid4()), False)):
+        Promotion.objects.filter(id=promotion.id).update(
+            evidence={**promotion.evidence, "gate": None, "post_eval_job_id": job_id})
+        html = _html(_client(reviewer).get(f"/ui/promotions/{promotion.id}/"))
+        said = _text(html, "gate-not-configured")
+        assert said.startswith("No gate decision: the adapter's training ran a post-eval") and "min_accuracy" in said
+        assert (f'href="/ui/jobs/{job_id}/"' in html) is link and ("(deleted)" in said) is not link
+        assert "trained without" not in html
+        facts = html[html.index("<dt>Post-eval job</dt>"):]
+        assert ("(deleted)" in facts[:facts.index("</dd>")]) is not link  # no link to a 404 in the facts either
+
+
 @pytest.mark.parametrize("state", PromotionState.values)
 def test_every_state_renders(home, team, state):
     requester, reviewer, other = team
