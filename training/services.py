@@ -26,6 +26,7 @@ from core.contracts.grpo_submission import GrpoSubmission
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
 from core.jobs.services import job_submit
+from training.base_adapter_shape import base_adapter_shape_problem
 from training.config_defaults import apply_training_defaults
 from training.payloads import GrpoJobPayload
 
@@ -271,8 +272,13 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_
 
         _require_evaluation_allowed()
         suite_pin = check_post_eval(submission.post_eval, submitted_rows(body, provenance))
-    if config.base_adapter and adapter_published_path(name=config.base_adapter) is None:
-        raise _invalid(f"no published adapter named {config.base_adapter!r}", "config.base_adapter")
+    if config.base_adapter:
+        base_path = adapter_published_path(name=config.base_adapter)
+        if base_path is None:
+            raise _invalid(f"no published adapter named {config.base_adapter!r}", "config.base_adapter")
+        shape = base_adapter_shape_problem(base_path, rank=config.lora_rank, alpha=config.lora_alpha)
+        if shape:
+            raise _invalid(shape[0], "config.lora_rank", shape[1])
     if config.behavior_policy == "recorded":
         _check_recorded(corpus, config.base_adapter)
     output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"

@@ -95,6 +95,18 @@ def behavior_policy(adapter: str | None) -> dict:
     return policy
 
 
+def _check_base_adapter_shape(behavior: str | None, effective: dict) -> None:
+    """The behavior adapter is the run's warm start: a rank/alpha it does not have would fail only at
+    training, after every episode was collected."""
+    from adapters.selectors import adapter_published_path
+    from training.base_adapter_shape import base_adapter_shape_problem
+
+    path = adapter_published_path(name=behavior) if behavior else None
+    problem = path and base_adapter_shape_problem(path, rank=effective["lora_rank"], alpha=effective["lora_alpha"])
+    if problem:
+        raise _invalid("training_config.lora_rank", problem[0], problem[1] + " (kiln openenv train: --lora-rank)")
+
+
 def capacity() -> dict:
     from core.jobs.models import Job, JobState
 
@@ -167,6 +179,7 @@ def training_preflight(*, adapter: str, output_adapter: str, training_config: di
                         field=f"training_config.{exc.field}", hint=hint) from None
     post = _post_eval(post_eval)
     policy = behavior_policy(behavior)
+    _check_base_adapter_shape(behavior, effective)
     figures = capacity()
     check_capacity(figures)
     sealed = contracts.contract(effective=effective, post_eval=post, behavior_policy=policy)

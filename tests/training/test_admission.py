@@ -229,3 +229,26 @@ def test_a_failed_checkpoint_and_a_resumes_history_reach_the_job_detail(api):
     long = [{"step": s, "loss": 0.1, "progress": s / 1200} for s in range(1, 1201)]  # a long run resumed
     recorder({"restored_loss_history": long})
     assert len(recorder.metrics["loss_history"]) <= 500 and recorder.metrics["loss_history"][-1]["step"] == 1200
+
+
+def test_a_warm_start_with_another_lora_shape_is_refused_before_it_queues(api, tmp_path):
+    """The trainer refused it (`shape_mismatch`) only once the job ran; admission reads the base
+    adapter's adapter_config.json and refuses the request before anything is queued."""
+    from django.utils import timezone
+
+    from adapters.models import AdapterState
+
+    folder = tmp_path / "r16"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 16, "lora_alpha": 32.0}))
+    Adapter.objects.create(name="r16", state=AdapterState.PUBLISHED, path=str(folder), content_sha256="sha256:" + "0" * 64,
+                           published_at=timezone.now())
+    response = _post(api, {"groups": [GROUP], "config": {"output_name": "r8", "base_adapter": "r16", "lora_rank": 8,
+                                                         "lora_alpha": 16}})
+    message = _error(response, 400)
+    assert message.startswith("config.lora_rank: a warm start keeps the base adapter's LoRA shape: lora_rank 8 != "
+                              "the base adapter's 16; lora_alpha 16 != the base adapter's 32")
+    assert response.json()["error"]["hint"].startswith("train with lora_rank 16, lora_alpha 32")
+    assert Job.objects.count() == 0
+    ok = _post(api, {"groups": [GROUP], "config": {"output_name": "r16-next", "base_adapter": "r16"}})
+    assert ok.status_code == 200, ok.content  # the default shape matches

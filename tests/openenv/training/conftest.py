@@ -106,7 +106,7 @@ def publish_adapter(root: Path, name: str = "counter-agent-v1", payload: bytes =
 
     folder = root / "adapters" / name
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 4}))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 16, "lora_alpha": 32}))  # the default shape
     (folder / "adapter_model.safetensors").write_bytes(payload)
     return Adapter.objects.create(name=name, state=AdapterState.PUBLISHED, path=str(folder),
                                   content_sha256=adapter_content_sha256(folder), published_at=timezone.now())

@@ -134,3 +134,14 @@ def test_a_second_train_run_for_the_same_output_is_refused_before_any_episode(ap
     assert post_run(api, train_body(url, idempotency_key="a")).status_code == 200  # the exact retry still answers
     api.delete(f"/v1/openenv/runs/{first.json()['run_id']}")
     assert post_run(api, train_body(url, idempotency_key="c", seed_start=500)).status_code == 202
+
+
+def test_a_behavior_adapter_of_another_lora_shape_is_refused_at_preflight(api, served, home):
+    """It collected every episode and then failed `shape_mismatch` at training."""
+    publish_adapter(home)  # rank 16, alpha 32
+    response = preflight(api, {"adapter": "counter-agent-v1", "output_adapter": "counter-agent-v2",
+                               "training_config": {"lora_rank": 8, "lora_alpha": 16}})
+    error = error_of(response, 400, "training_invalid_request")
+    assert error["message"].startswith("training_config.lora_rank: a warm start keeps the base adapter's LoRA shape")
+    assert "--lora-rank" in error["hint"]
+    assert preflight(api, {"adapter": "counter-agent-v1", "output_adapter": "counter-agent-v2"}).status_code == 200
