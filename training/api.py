@@ -15,6 +15,7 @@ from core.jobs.models import TERMINAL_STATES
 from training import selectors
 from training.payloads import GrpoJobPayload
 from training.schemas import (
+    GrpoDryRun,
     GrpoQueued,
     GrpoRequest,
     JobCancelResult,
@@ -23,30 +24,33 @@ from training.schemas import (
     TrainingQueue,
     TrainingStatus,
 )
-from training.services import grpo_submit, snapshot_discard
+from training.services import grpo_dry_run, grpo_submit, snapshot_discard
 
 router = Router(tags=["training"])
 
 
 def _submit(request, body: GrpoRequest, route: str) -> dict:
     require_permission(request, "submit_job")
-    job, seed = grpo_submit(body=body.as_dict(), user=request.user, route=route)
+    data = body.as_dict()
+    if data.get("dry_run") is True:
+        return grpo_dry_run(body=data)
+    job, seed = grpo_submit(body=data, user=request.user, route=route)
     return {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
             "message": f"GRPO training queued; it will publish adapter {GrpoJobPayload.of(job).adapter_name}"}
 
 
-@router.post("/train/grpo", summary="Queue GRPO training from scored groups", response=GrpoQueued)
+@router.post("/train/grpo", summary="Queue GRPO training from scored groups", response=GrpoQueued | GrpoDryRun)
 def train_grpo(request, body: GrpoRequest):
     return _submit(request, body, "/v1/train/grpo")
 
 
-@router.post("/train/agentic", summary="Queue GRPO training (agentic alias)", response=GrpoQueued)
+@router.post("/train/agentic", summary="Queue GRPO training (agentic alias)", response=GrpoQueued | GrpoDryRun)
 def train_agentic(request, body: GrpoRequest):
     return _submit(request, body, "/v1/train/agentic")
 
 
 @router.post("/training/grpo", summary="Queue GRPO training (compatibility alias)", include_in_schema=False,
-             response=GrpoQueued)
+             response=GrpoQueued | GrpoDryRun)
 def training_grpo_compat(request, body: GrpoRequest):
     return _submit(request, body, "/v1/train/grpo")
 

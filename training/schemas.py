@@ -68,7 +68,9 @@ GRPO_REQUEST = {
         "dataset_split": {"type": "string"},
         "config": GRPO_CONFIG,
         "post_eval": {"anyOf": [POST_EVAL_CONFIG, {"type": "null"}]},
-        "dry_run": {"type": "boolean", "default": False},
+        "dry_run": {"type": "boolean", "default": False,
+                    "description": "validate and plan only: answers the plan (mode jsonl_grpo_groups_dry_run) "
+                                   "and queues nothing"},
     },
 }
 
@@ -92,6 +94,25 @@ class GrpoQueued(Schema):
     job_id: str
     state: str
     effective_seed: str
+    message: str
+
+
+class GrpoDryRun(Schema):
+    """`dry_run: true`: the admitted, planned request; nothing was queued (training.services.grpo_dry_run)."""
+    model_config = ConfigDict(extra="allow")
+
+    mode: str  # jsonl_grpo_groups_dry_run
+    dry_run: bool
+    would_publish: str
+    effective_seed: str
+    effective_config: dict
+    config_sources: dict = {}
+    ignored_config_keys: list[str] = []
+    training_data: dict
+    post_eval: dict | None = None
+    post_eval_suite_hash: str | None = None
+    groups_with_reward_contrast: int
+    groups_without_reward_contrast: int
     message: str
 
 

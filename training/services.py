@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,8 +22,8 @@ from adapters.services import adapter_reserve, validate_adapter_name
 from core.artifacts import CHECKPOINT_MANIFEST, ensure_dir, write_file
 from core.confined_paths import PathRefused, confined_file
 from core.contracts.groups import AdmittedCorpus, GroupError, admit_groups, admit_jsonl, check_corpus_size
-from core.contracts.grpo_config import resolve_effective_seed
-from core.contracts.grpo_submission import GrpoSubmission
+from core.contracts.grpo_config import GrpoConfig, resolve_effective_seed
+from core.contracts.grpo_submission import DRY_RUN_MODE, GrpoSubmission
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
 from core.jobs.services import job_submit
@@ -244,15 +245,23 @@ def _require_evaluation_allowed() -> None:
                              "(KILN_SERVER_SERVING_PROFILE=stable) and evaluate the adapter with kiln eval run")
 
 
-def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_sources: tuple | None = None,
-                openenv_lineage: dict | None = None) -> tuple:
-    """Validate and queue a GRPO request. Returns (job, effective_seed).
+@dataclass(frozen=True)
+class GrpoAdmission:
+    """A GRPO request that passed every admission check: what queueing (or a dry run's plan) needs."""
 
-    `sealed_sources` = (config_sources, server_training_defaults) for a config whose server defaults
-    were merged in earlier and sealed (an OpenEnv run's contract): the receipt then says where each
-    field came from at sealing, not "request" for every field of the complete config.
-    `openenv_lineage`: an OpenEnv run's `kiln.openenv-training-data.v1` for the groups it submits,
-    kept as the job's `training_data.openenv` and in its receipt (reference-spec §1.1, §2.9)."""
+    submission: GrpoSubmission
+    config_sources: dict
+    server_defaults: dict
+    corpus: AdmittedCorpus
+    provenance: dict
+    suite_pin: dict | None
+    output_name: str
+    effective: GrpoConfig
+    seed: int
+
+
+def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmission:
+    """Every check a GRPO request passes before it is queued; stores nothing (KilnError otherwise)."""
     if not isinstance(body, dict):
         raise _invalid("must be a JSON object", "request")
     submission, config_sources = _parse_submission(body)
@@ -288,25 +297,74 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_
     if config.seed is None and config.resume_checkpoint:
         config = config.with_seed(_checkpoint_seed(config.resume_checkpoint) or resolve_effective_seed(config))
     seed = resolve_effective_seed(config)
-    effective = config.with_seed(seed)
+    return GrpoAdmission(submission=submission, config_sources=config_sources, server_defaults=server_defaults,
+                         corpus=corpus, provenance=provenance, suite_pin=suite_pin, output_name=output_name,
+                         effective=config.with_seed(seed), seed=seed)
+
+
+def grpo_dry_run(*, body: dict) -> dict:
+    """`dry_run: true`: the request is admitted exactly as a real one and planned, but nothing is
+    queued, reserved or written (no job, no adapter, no train receipt: spec §7 writes one for every
+    non-dry run). The plan counts what the trainer's filters would keep by rewards alone (dynamic
+    sampling drops a group whose rewards are all equal); token-level checks happen at training."""
+    admission = grpo_admit(body=body)
+    from adapters.selectors import adapter_get
+
+    existing = adapter_get(name=admission.output_name)
+    if existing is not None:
+        raise KilnError("adapter_revision_conflict", f"adapter {admission.output_name!r} already exists", status=409,
+                        field="config.output_name", hint="use a new versioned output name for every round, e.g. math-r002")
+    groups = admission.corpus.groups
+    with_contrast = sum(1 for g in groups if len({c["reward"] for c in g["completions"]}) > 1)
+    effective = admission.effective
+    return {
+        "mode": DRY_RUN_MODE, "dry_run": True, "would_publish": admission.output_name,
+        "effective_seed": str(admission.seed), "effective_config": effective.to_dict(),
+        "config_sources": admission.config_sources,
+        "ignored_config_keys": sorted(effective.ignored_keys),
+        "training_data": {**admission.provenance, "admitted_corpus_sha256": admission.corpus.sha256,
+                          "rows": len(groups), "rollouts": admission.corpus.rollouts},
+        "groups_with_reward_contrast": with_contrast,
+        "groups_without_reward_contrast": len(groups) - with_contrast,
+        "post_eval": admission.submission.post_eval.to_dict() if admission.submission.post_eval else None,
+        "post_eval_suite_hash": admission.suite_pin and admission.suite_pin["suite_hash"],
+        "message": f"dry run: the request is valid; nothing was queued (it would publish {admission.output_name})",
+    }
+
+
+def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_sources: tuple | None = None,
+                openenv_lineage: dict | None = None) -> tuple:
+    """Validate and queue a GRPO request. Returns (job, effective_seed).
+
+    `sealed_sources` = (config_sources, server_training_defaults) for a config whose server defaults
+    were merged in earlier and sealed (an OpenEnv run's contract): the receipt then says where each
+    field came from at sealing, not "request" for every field of the complete config.
+    `openenv_lineage`: an OpenEnv run's `kiln.openenv-training-data.v1` for the groups it submits,
+    kept as the job's `training_data.openenv` and in its receipt (reference-spec §1.1, §2.9).
+    A `dry_run: true` request is answered by grpo_dry_run, never queued here."""
+    admission = grpo_admit(body=body, sealed_sources=sealed_sources)
+    if admission.submission.dry_run:
+        raise _invalid("is answered by grpo_dry_run, which queues nothing", "dry_run")
+    corpus, effective, output_name = admission.corpus, admission.effective, admission.output_name
     snapshot = _pin_snapshot(corpus)
     try:
         with transaction.atomic():
             payload = GrpoJobPayload(
                 route=route, adapter_name=output_name, config=effective, snapshot_path=str(snapshot),
-                training_data={**provenance, "admitted_corpus_sha256": corpus.sha256,
+                training_data={**admission.provenance, "admitted_corpus_sha256": corpus.sha256,
                                "rows": len(corpus.groups), "rollouts": corpus.rollouts,
                                **({"openenv": openenv_lineage} if openenv_lineage else {})},
-                post_eval=submission.post_eval, post_eval_suite_hash=suite_pin and suite_pin["suite_hash"],
-                ignored_config_keys=tuple(sorted(config.ignored_keys)),
-                dry_run=submission.dry_run,
-                config_sources=config_sources,
-                server_training_defaults=server_defaults,
+                post_eval=admission.submission.post_eval,
+                post_eval_suite_hash=admission.suite_pin and admission.suite_pin["suite_hash"],
+                ignored_config_keys=tuple(sorted(effective.ignored_keys)),
+                dry_run=False,
+                config_sources=admission.config_sources,
+                server_training_defaults=admission.server_defaults,
             )
             job = job_submit(kind="training.grpo", payload=payload, title=f"GRPO → {output_name}", user=user)
-            adapter_reserve(name=output_name, job=job, base_adapter=config.base_adapter or "")
+            adapter_reserve(name=output_name, job=job, base_adapter=effective.base_adapter or "")
     except BaseException:
         snapshot.chmod(0o644)
         snapshot.unlink(missing_ok=True)
         raise
-    return job, seed
+    return job, admission.seed

@@ -27,6 +27,8 @@ def add_parser(subparsers, common) -> None:
                       help="the smoke test's prompts: a JSON list of strings, or one prompt per line")
     grpo.add_argument("--detect-anomaly", action="store_true", help="torch anomaly detection (slow; for debugging)")
     grpo.add_argument("--follow", action="store_true", help="wait for a terminal state with a progress bar")
+    grpo.add_argument("--dry-run", action="store_true",
+                      help="validate and plan only (the server admits the request as a real one and queues nothing)")
     status = sub.add_parser("status", parents=[common], help="training jobs, or one job")
     status.add_argument("--job-id")
     status.add_argument("--follow", action="store_true")
@@ -106,6 +108,8 @@ def _with_config(body: dict, args) -> dict:
         config["adapter_smoke_test"] = True
     if getattr(args, "detect_anomaly", False):
         config["detect_anomaly"] = True
+    if getattr(args, "dry_run", False):
+        return {**body, "config": config, "dry_run": True}
     return {**body, "config": config}
 
 
@@ -246,10 +250,24 @@ def _submit_grpo(client: KilnClient, args) -> dict:
     return client.post("/v1/train/grpo", json=inline)
 
 
+def _dry_run_text(plan: dict) -> str:
+    data = plan.get("training_data") or {}
+    return (f"dry run: valid; nothing queued. It would publish {plan.get('would_publish')} (effective seed "
+            f"{plan.get('effective_seed')}) from {data.get('rows')} groups / {data.get('rollouts')} rollouts, "
+            f"{plan.get('groups_with_reward_contrast')} with reward contrast "
+            f"({plan.get('groups_without_reward_contrast')} all-equal, dropped by dynamic sampling)")
+
+
 def run(args) -> int:
     client = KilnClient(args.url)
     if args.train_command == "grpo":
         response = _submit_grpo(client, args)
+        if response.get("dry_run"):  # a plan, not a job (--dry-run, or "dry_run": true in the request file)
+            if args.json:
+                print_json(response)
+            else:
+                print(_dry_run_text(response))
+            return 0
         if args.follow:
             if not args.json:  # the id first: an interrupted follow leaves it on screen
                 print(f"queued {response['job_id']} (effective seed {response['effective_seed']})", flush=True)

@@ -89,3 +89,31 @@ def test_a_flag_that_replaces_the_request_files_value_says_so(tmp_path, capsys):
     path.write_text(json.dumps({"groups": [GROUP], "config": {"output_name": "inl-3"}}))
     _submit_grpo(client, _args(path))
     assert capsys.readouterr().err == ""  # the same value: nothing to say
+
+
+def test_dry_run_sends_the_flag_and_prints_the_plan_not_a_job(tmp_path, monkeypatch, capsys):
+    """A plan has no job_id: the command printed it as `queued ...` and crashed (KeyError) before."""
+    from kiln_project.cli import train_cmd
+    from kiln_project.cli.main import build_parser
+
+    groups = tmp_path / "groups.jsonl"
+    groups.write_text(json.dumps(GROUP) + "\n")
+    plan = {"mode": "jsonl_grpo_groups_dry_run", "dry_run": True, "would_publish": "inl-3", "effective_seed": "7",
+            "training_data": {"rows": 1, "rollouts": 2}, "groups_with_reward_contrast": 1,
+            "groups_without_reward_contrast": 0}
+    sent = []
+
+    class PlanClient(Client):
+        def __init__(self, url=None):
+            super().__init__()
+
+        def post(self, path, json):
+            sent.append(json)
+            return plan
+
+    monkeypatch.setattr(train_cmd, "KilnClient", PlanClient)
+    args = build_parser().parse_args(["train", "grpo", "--file", str(groups), "--adapter", "inl-3", "--dry-run"])
+    assert train_cmd.run(args) == 0
+    assert sent[0]["dry_run"] is True
+    out = capsys.readouterr().out
+    assert out.startswith("dry run: valid; nothing queued. It would publish inl-3 (effective seed 7) from 1 groups")

@@ -252,3 +252,26 @@ def test_a_warm_start_with_another_lora_shape_is_refused_before_it_queues(api, t
     assert Job.objects.count() == 0
     ok = _post(api, {"groups": [GROUP], "config": {"output_name": "r16-next", "base_adapter": "r16"}})
     assert ok.status_code == 200, ok.content  # the default shape matches
+
+
+def test_a_dry_run_plans_and_queues_nothing(api, tmp_path):
+    """`dry_run: true` used to be carried in the payload and ignored: the job trained and published."""
+    flat = {"messages": [{"role": "user", "content": "What is 1 + 1?"}],
+            "completions": [{"text": "2", "reward": 1.0}, {"text": "2", "reward": 1.0}]}
+    body = {"groups": [GROUP, flat], "config": {"output_name": "dry-r001", "seed": 7, "typo_key": 1}, "dry_run": True}
+    response = _post(api, body)
+    assert response.status_code == 200, response.content
+    plan = response.json()
+    assert plan["mode"] == "jsonl_grpo_groups_dry_run" and plan["dry_run"] is True
+    assert plan["would_publish"] == "dry-r001" and plan["effective_seed"] == "7"
+    assert plan["effective_config"]["output_name"] == "dry-r001" and plan["ignored_config_keys"] == ["typo_key"]
+    assert plan["training_data"]["rows"] == 2 and plan["training_data"]["rollouts"] == 4
+    assert (plan["groups_with_reward_contrast"], plan["groups_without_reward_contrast"]) == (1, 1)
+    assert "job_id" not in plan
+    assert Job.objects.count() == 0 and Adapter.objects.count() == 0
+    # a dry run is admitted like a real request: bad input is refused the same way
+    _error(_post(api, {**body, "config": {"lora_rank": 0}}), 400)
+    # and the real request afterwards queues
+    queued = _post(api, {**body, "dry_run": False})
+    assert queued.status_code == 200 and "job_id" in queued.json()
+    _error(_post(api, body), 409, "adapter_revision_conflict")  # the name is taken now

@@ -42,7 +42,8 @@ def test_openapi_has_a_request_body_for_every_post_and_put_and_describes_the_grp
         "held-out", "train-set-eval"]
     grpo = doc["paths"]["/v1/train/grpo"]["post"]
     assert grpo["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/GrpoRequest")
-    assert grpo["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/GrpoQueued")
+    answers = grpo["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]  # queued, or a dry run's plan
+    assert [a["$ref"].rsplit("/", 1)[1] for a in answers] == ["GrpoQueued", "GrpoDryRun"]
     detail = doc["paths"]["/v1/train/jobs/{job_id}"]["get"]["responses"]["200"]
     assert detail["content"]["application/json"]["schema"]["$ref"].endswith("/TrainingDetail")
 
