@@ -84,10 +84,20 @@ def api_auth(request):
             raise KilnError("csrf_failed", "CSRF check failed for this session request", status=403,
                             hint="send the csrftoken cookie's value in the X-CSRFToken header, or use a Bearer token")
         return user
-    if settings.KILN.allow_anonymous_api and _is_loopback(request):
+    if settings.KILN.allow_anonymous_api and _is_loopback(request) and not _from_a_web_page(request):
         request.user = LoopbackAnonymous()
         return request.user
     return None
+
+
+def _from_a_web_page(request) -> bool:
+    """Whether a browser sent this on behalf of a page. Anonymous loopback access is for programs on
+    this machine (curl, the openai client, scripts); any web page the user has open could otherwise
+    reach 127.0.0.1 and act without credentials (a cross-site request needs no CORS answer to land).
+    Browsers mark such requests with Origin and Sec-Fetch-Site; curl and HTTP libraries send neither.
+    Kiln's own pages use the session and its CSRF token instead."""
+    site = request.headers.get("Sec-Fetch-Site")
+    return bool(request.headers.get("Origin")) or (site is not None and site != "none")
 
 
 def require_api_user(view):

@@ -151,6 +151,46 @@ def test_anonymous_api_only_when_enabled_and_from_loopback(client, settings):
     _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="10.1.2.3"), 401, "unauthorized")
 
 
+def test_anonymous_loopback_access_submits_work_but_never_for_a_web_page(client, settings, tmp_path):
+    """The demo allows it so the guide's curl steps run as written; a page in the user's browser
+    could reach 127.0.0.1 too, so a request a browser marks as a page's never gets it."""
+    import json
+    from dataclasses import replace
+
+    from core.jobs.models import Job
+
+    settings.KILN = replace(settings.KILN, allow_anonymous_api=True, home=tmp_path / "home")
+    group = {"messages": [{"role": "user", "content": "What is 2 + 3?"}],
+             "completions": [{"text": "5", "reward": 1.0}, {"text": "6", "reward": 0.0}]}
+    body = json.dumps({"groups": [group], "config": {"output_name": "anon-r001"}})
+    for headers in ({"HTTP_ORIGIN": "https://evil.example"}, {"HTTP_SEC_FETCH_SITE": "cross-site"},
+                    {"HTTP_SEC_FETCH_SITE": "same-site"}):
+        refused = client.post("/v1/train/grpo", data=body, content_type="text/plain", REMOTE_ADDR="127.0.0.1",
+                              **headers)
+        _assert_envelope(refused, 401, "unauthorized")
+    assert not Job.objects.exists()
+    typed = client.post("/v1/train/grpo", data=body, content_type="application/json", REMOTE_ADDR="127.0.0.1",
+                        HTTP_SEC_FETCH_SITE="none")  # typed into the address bar: no page sent it
+    assert typed.status_code == 200, typed.content
+    job = Job.objects.get()
+    assert job.submitted_by is None
+    assert client.get(f"/v1/train/jobs/{job.uuid}", REMOTE_ADDR="127.0.0.1").json()["state"] == "queued"
+
+
+def test_the_demo_settings_allow_anonymous_loopback_access(tmp_path):
+    """./scripts/serve writes the demo's kiln.toml; the guide's curl steps rely on this line."""
+    import re
+    from pathlib import Path
+
+    from kiln_project.config import load_config
+
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "serve").read_text()
+    toml = re.search(r"<<'TOML'\n(.*?)\nTOML", script, re.S).group(1)
+    (tmp_path / "kiln.toml").write_text(toml)
+    config = load_config(env={"KILN_HOME": str(tmp_path / "home"), "KILN_CONFIG": str(tmp_path / "kiln.toml")})
+    assert config.allow_anonymous_api is True
+
+
 def test_openapi_and_offline_docs(client, api):
     _assert_envelope(client.get("/v1/openapi.json"), 401, "unauthorized")  # behind auth like every route
     _assert_envelope(client.get("/v1/docs"), 401, "unauthorized")
