@@ -128,7 +128,9 @@ def _finish(job: Job, state: str, *, event_message: str, **fields) -> bool:
 
 
 def job_complete(*, job: Job, result: dict) -> bool:
-    return _finish(job, JobState.COMPLETED, event_message="completed", result=result or {}, progress=1.0)
+    # The last progress line ("publishing results.json") would read as still going on a finished job.
+    return _finish(job, JobState.COMPLETED, event_message="completed", result=result or {}, progress=1.0,
+                   progress_message="completed")
 
 
 def job_fail(*, job: Job, code: str, message: str, result: dict | None = None) -> bool:

@@ -68,6 +68,7 @@ def test_runner_completes_fails_and_cancels(tmp_path, monkeypatch):
     run_queued_jobs("gpu")
     ok.refresh_from_db()
     assert (ok.state, ok.progress, ok.result) == ("completed", 1.0, {"steps_done": 4})
+    assert ok.progress_message == "completed"  # not the last step's line, which read as still going
     assert [e.type for e in ok.events.all()].count("progress") == 4
 
     bad = services.job_submit(kind="test.fail", payload={"message": "nope"})

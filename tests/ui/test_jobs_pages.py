@@ -142,3 +142,19 @@ def test_other_bad_requests_keep_djangos_page(operator_client, settings):
     fields = {f"f{i}": "x" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1)}  # TooManyFieldsSent
     response = operator_client.post("/ui/evaluations/suites/", fields)
     assert response.status_code == 400 and b"request_too_large" not in response.content
+
+
+def test_a_failed_jobs_page_says_what_to_do_about_its_error(operator_client, operator):
+    """The API and CLI give the hint with the code; the page showed only the code and message."""
+    from core.jobs.error_hints import job_error
+
+    [job] = _jobs(operator, 1)
+    Job.objects.filter(id=job.id).update(state=JobState.FAILED, error_code="zero_groups",
+                                         error_message="every group was filtered")
+    job.refresh_from_db()
+    html = operator_client.get(f"/ui/jobs/{job.uuid}/").content.decode()
+    hint = html[html.index('id="job-error-hint">') + len('id="job-error-hint">'):]
+    from html import unescape
+
+    assert unescape(hint[:hint.index("</p>")]) == "What to do: " + job_error(job)["hint"]
+    assert "reward contrast" in job_error(job)["hint"]

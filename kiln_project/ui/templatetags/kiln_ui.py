@@ -96,3 +96,12 @@ def duration_s(value) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "—"
     return duration_ms(value * 1000)
+
+
+@register.filter
+def error_hint(job) -> str:
+    """What to do about a failed job's error: the hint the API and CLI give with its code."""
+    from core.jobs.error_hints import job_error
+
+    error = job_error(job)
+    return error["hint"] if error else ""
