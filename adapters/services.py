@@ -21,6 +21,7 @@ from core.canonical import sha256_digest
 from core.content_identity import file_sha256
 from core.db_locks import REGISTRY, serialize
 from core.errors import KilnError
+from core.jobs.services import check_owner_or_permitted
 
 log = logging.getLogger(__name__)
 
@@ -278,13 +279,32 @@ def _inside_registry(path: Path) -> bool:
         return False
 
 
+def adapter_owner_id(adapter: Adapter) -> int | None:
+    """Who made the adapter: its training job's submitter, else the actor of the transition that created
+    this row (the uploader, or a reservation's actor; the latest one, as a name can be reused). None:
+    made anonymously or by Kiln itself."""
+    if adapter.training_job_id is not None:
+        return adapter.training_job.submitted_by_id
+    return (AdapterTransition.objects.filter(adapter=adapter.name, from_state="").order_by("-id")
+            .values_list("actor_id", flat=True).first())
+
+
+def adapter_check_delete(*, adapter: Adapter, user) -> None:
+    """The jobs' rule (core.jobs.services.check_owner_or_permitted): only the adapter's owner or a holder
+    of jobs.delete_others_jobs deletes it (403 adapter_delete_forbidden)."""
+    check_owner_or_permitted(owner_id=adapter_owner_id(adapter), user=user, what=f"adapter {adapter.name!r}",
+                             code="adapter_delete_forbidden")
+
+
 def adapter_delete(*, name: str, actor=None, reason: str = "") -> dict:
     """Remove an adapter that is neither active nor being written: its row, its folder and its
     checkpoints. Its receipts and transitions stay as rows. Folders leave by a rename to a hidden
-    sibling first, so no reader ever sees half an adapter."""
+    sibling first, so no reader ever sees half an adapter. `actor` must own it or hold
+    jobs.delete_others_jobs (adapter_check_delete)."""
     with transaction.atomic():
         serialize(REGISTRY)  # a promotion being requested for it now is either seen below or sees it gone
         adapter = _locked(name)
+        adapter_check_delete(adapter=adapter, user=actor)  # first: a refused caller learns nothing of its state
         status = status_of(adapter)
         if status == AdapterStatus.WRITING:
             raise _busy(adapter, "deleted")

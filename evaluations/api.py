@@ -89,7 +89,7 @@ def dataset_get(request, name: str):
 @router.delete("/datasets/{name}", summary="Delete a dataset (its folder and row)", response=Deleted)
 def dataset_delete(request, name: str):
     require_permission(request, "submit_job")
-    dataset_services.dataset_delete(dataset=_dataset_or_404(name))
+    dataset_services.dataset_delete(dataset=_dataset_or_404(name), user=request.user)
     return {"name": name, "status": "deleted"}
 
 
@@ -152,7 +152,7 @@ def suite_get(request, name: str):
 @router.delete("/suites/{name}", summary="Delete an eval suite", response=Deleted)
 def suite_delete(request, name: str):
     require_permission(request, "submit_job")
-    suite_services.suite_delete(suite=_suite_or_404(name))
+    suite_services.suite_delete(suite=_suite_or_404(name), user=request.user)
     return {"name": name, "status": "deleted"}
 
 

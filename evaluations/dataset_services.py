@@ -23,6 +23,7 @@ from django.db import IntegrityError, transaction
 from core.artifacts import StagedDirectory, hidden_sibling, json_bytes
 from core.canonical import sha256_digest
 from core.errors import KilnError
+from core.jobs.services import check_owner_or_permitted
 from core.process_locks import ProcessLock
 from evaluations.datasets import split as splitting
 from evaluations.datasets.formats import FORMATS, FormatError, parse_rows, read_rows, row_bytes
@@ -206,11 +207,21 @@ def dataset_split_update(*, dataset: EvalDataset, config) -> EvalDataset:
     return dataset
 
 
-def dataset_delete(*, dataset: EvalDataset) -> None:
-    """Remove the row and the folder (renamed aside first, so no half-removed folder is visible)."""
+def dataset_check_delete(*, dataset: EvalDataset, user) -> None:
+    """The jobs' rule (core.jobs.services.check_owner_or_permitted): only the dataset's uploader
+    (created_by) or a holder of jobs.delete_others_jobs deletes it (403 dataset_delete_forbidden)."""
+    check_owner_or_permitted(owner_id=dataset.created_by_id, user=user, what=f"dataset {dataset.name!r}",
+                             code="dataset_delete_forbidden")
+
+
+def dataset_delete(*, dataset: EvalDataset, user=None) -> None:
+    """Remove the row and the folder (renamed aside first, so no half-removed folder is visible).
+    `user` must own it or hold jobs.delete_others_jobs (dataset_check_delete); refused, nothing changes."""
     folder = Path(dataset.path)
     aside = hidden_sibling(folder, "deleted")
     with _name_lock(dataset.name), transaction.atomic():
+        current = EvalDataset.objects.select_for_update().filter(pk=dataset.pk).first()
+        dataset_check_delete(dataset=current or dataset, user=user)  # the row as it is now, under the lock
         EvalDataset.objects.filter(pk=dataset.pk).delete()
         if folder.exists():
             os.rename(folder, aside)

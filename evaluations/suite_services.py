@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from core.artifacts import ensure_dir, hidden_sibling, write_file
 from core.artifacts import json_bytes as _json_bytes
 from core.errors import KilnError
+from core.jobs.services import check_owner_or_permitted
 from evaluations.models import EvalSuite
 from evaluations.suites import SuiteError, parse_suite, suite_document
 
@@ -57,10 +58,23 @@ def suite_store(*, body, force: bool = False, source: dict | None = None, user=N
     return suite
 
 
-def suite_delete(*, suite: EvalSuite) -> None:
+def suite_check_delete(*, suite: EvalSuite, user) -> None:
+    """The jobs' rule (core.jobs.services.check_owner_or_permitted): only the suite's creator (created_by;
+    a replacement makes its author the creator) or a holder of jobs.delete_others_jobs deletes it
+    (403 suite_delete_forbidden)."""
+    check_owner_or_permitted(owner_id=suite.created_by_id, user=user, what=f"eval suite {suite.name!r}",
+                             code="suite_delete_forbidden")
+
+
+def suite_delete(*, suite: EvalSuite, user=None) -> None:
+    """Remove the row and the file. `user` must own it or hold jobs.delete_others_jobs
+    (suite_check_delete); refused, nothing changes."""
     path = Path(suite.path)
     aside = hidden_sibling(path, "deleted")
     with transaction.atomic():
+        # The row as it is now: a concurrent replacement (force) may have given it another creator.
+        current = EvalSuite.objects.select_for_update().filter(pk=suite.pk).first()
+        suite_check_delete(suite=current or suite, user=user)
         EvalSuite.objects.filter(pk=suite.pk).delete()
         if path.exists():
             os.rename(path, aside)

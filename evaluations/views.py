@@ -7,8 +7,9 @@ view of one job (targets side by side per example, with the completions) and the
 The views only move form fields and uploads into the services (evaluations.dataset_services,
 evaluations.suite_services; the form text to body translation is evaluations.forms) and render what
 the selectors read. A KilnError is shown next to the field it names with its stable code, and
-nothing is written. Writes need the submit_job permission, as on /v1/eval. Web-facing: never
-imports torch, transformers, peft or gpu_runtime.
+nothing is written. Writes need the submit_job permission, as on /v1/eval; deleting another user's
+dataset or suite also needs jobs.delete_others_jobs (the services decide). Web-facing: never imports
+torch, transformers, peft or gpu_runtime.
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def _can_submit(request) -> bool:
 
 def _forbidden(request, what: str) -> str:
     return "" if _can_submit(request) else PERMISSION_TEXT.format(what=what)
+
+
+def _delete_refusal(check) -> KilnError | None:
+    """Why the service would refuse this user's delete (another user's object, without
+    jobs.delete_others_jobs), so the page disables its button and says so; None: allowed."""
+    try:
+        check()
+    except KilnError as exc:
+        return exc
+    return None
 
 
 def _offset(request) -> int:
@@ -177,6 +188,8 @@ def _dataset_render(request, dataset, *, split_values: dict | None = None, split
         "strategies": strategies,
         "scorer_types": SCORER_TYPES,
         "delete_error": delete_error,
+        "delete_refusal": _delete_refusal(lambda: dataset_services.dataset_check_delete(dataset=dataset,
+                                                                                        user=request.user)),
         "forbidden": forbidden,
         "can_submit": _can_submit(request),
         "suites_from_here": [s for s in suite_selectors.suite_list() if (s.source or {}).get("dataset") == dataset.name],
@@ -240,7 +253,10 @@ def dataset_delete_view(request, name):
     if not forms.checked(request.POST, "confirm"):
         error = forms.form_error("tick the box to confirm that the dataset and its files are deleted", "confirm")
         return _dataset_render(request, dataset, delete_error=error, status=400)
-    dataset_services.dataset_delete(dataset=dataset)
+    try:
+        dataset_services.dataset_delete(dataset=dataset, user=request.user)
+    except KilnError as exc:  # another user's dataset (dataset_delete_forbidden): nothing was deleted
+        return _dataset_render(request, dataset, delete_error=exc, status=exc.status)
     messages.success(request, f"Deleted dataset {name} and its files.")
     return redirect("ui:evaluation_datasets")
 
@@ -316,6 +332,7 @@ def _suite_render(request, suite, *, error: KilnError | None = None, forbidden: 
         "examples": [_example_view(e) for e in examples[offset:offset + EXAMPLES_PAGE]],
         "pager": _pager(offset, EXAMPLES_PAGE, len(examples)),
         "delete_error": error,
+        "delete_refusal": _delete_refusal(lambda: suite_services.suite_check_delete(suite=suite, user=request.user)),
         "forbidden": forbidden,
         "can_submit": _can_submit(request),
         "run_values": run_values or forms.blank_run(),
@@ -340,7 +357,10 @@ def suite_delete_view(request, name):
     if not forms.checked(request.POST, "confirm"):
         error = forms.form_error("tick the box to confirm that the suite is deleted", "confirm")
         return _suite_render(request, suite, error=error, status=400)
-    suite_services.suite_delete(suite=suite)
+    try:
+        suite_services.suite_delete(suite=suite, user=request.user)
+    except KilnError as exc:  # another user's suite (suite_delete_forbidden): nothing was deleted
+        return _suite_render(request, suite, error=exc, status=exc.status)
     messages.success(request, f"Deleted suite {name}.")
     return redirect("ui:evaluation_suites")
 

@@ -148,12 +148,13 @@ def job_mark_cancelled(*, job: Job, result: dict | None = None) -> bool:
 
 
 def check_owner_or_permitted(*, owner_id, user, what: str, code: str) -> None:
-    """Another user's work may be cancelled or deleted only with jobs.delete_others_jobs (403 `code`):
-    submit_job lets a user cancel their own. Work nobody submitted (anonymous) is anyone's."""
+    """Another user's work (a job, an OpenEnv run, an adapter, a dataset, a suite) may be cancelled or
+    deleted only with jobs.delete_others_jobs (403 `code`): submit_job lets a user cancel or delete
+    their own. Work nobody submitted (anonymous) is anyone's."""
     if owner_id is not None and owner_id != getattr(user, "id", None) and not (
             user is not None and user.has_perm("jobs.delete_others_jobs")):
-        raise KilnError(code, f"{what} was submitted by another user", status=403,
-                        hint="ask its submitter, or an administrator, who can grant jobs.delete_others_jobs in /admin/")
+        raise KilnError(code, f"{what} belongs to another user", status=403,
+                        hint="ask its owner, or an administrator, who can grant jobs.delete_others_jobs in /admin/")
 
 
 def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletable",
