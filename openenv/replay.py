@@ -23,7 +23,7 @@ from openenv.client.frames import Observation
 from openenv.client.session import open_episode
 from openenv.client.urls import normalize_url
 from openenv.collector.collect import _bounded
-from openenv.collector.errors import CollectionError
+from openenv.collector.errors import DEFAULT_HINTS, CollectionError
 from openenv.json_compare import first_difference, json_equal
 from openenv.verify import verify
 
@@ -125,7 +125,9 @@ async def replay_async(summary_path: Path | str, *, dataset_path=None, replay_pa
         if changed:
             raise CollectionError("environment_identity_changed",
                                   f"{inspection.endpoint.base_url} is not the recorded environment ({', '.join(changed)})",
-                                  stage="identity_verification", failure_code="environment_identity_changed")
+                                  stage="identity_verification", failure_code="environment_identity_changed",
+                                  # another deployment answers at the URL; the server itself is not at fault
+                                  hint=DEFAULT_HINTS["environment_identity_changed"])
     work = [(group, candidate) for group in replay["groups"] for candidate in group["candidates"]]
     done = 0
 

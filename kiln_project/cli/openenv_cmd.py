@@ -53,9 +53,24 @@ def add_parser(subparsers, common) -> None:
     replay.add_argument("--credential-env", action="append", default=[], metavar="VAR",
                         help="bearer token variable per recorded environment, in order; - = public")
     replay.add_argument("--concurrency", type=_positive, default=4)
-    replay.add_argument("--capacity-wait-seconds", type=float, default=300.0)
+    replay.add_argument("--capacity-wait-seconds", type=_finite_float, default=300.0)
     openenv_runs_cmd.add_parsers(sub, common)  # start, runs, status, artifact, cancel: the server's runs
     openenv.set_defaults(handler=run)
+
+
+def _finite_float(value: str) -> float:
+    """A float option that refuses nan and inf at parsing: a bound check (`not low <= x <= high`) lets nan
+    through to the collector, whose refusal then reads as a fault of the environment."""
+    import argparse
+    import math
+
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    return number
 
 
 def _positive(value: str) -> int:
@@ -79,12 +94,12 @@ def collection_args(parser) -> None:
     parser.add_argument("--max-steps", type=positive_int, default=8)
     parser.add_argument("--concurrency", type=positive_int, default=4)
     parser.add_argument("--max-action-tokens", type=positive_int, default=256)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=_finite_float, default=1.0)
     parser.add_argument("--thinking", type=parse_bool, default=True, metavar="BOOL", help="default true")
     parser.add_argument("--thinking-budget-tokens", type=parse_budget, default=None, metavar="N|unlimited")
-    parser.add_argument("--protocol-error-reward", type=float, default=-1.0)
+    parser.add_argument("--protocol-error-reward", type=_finite_float, default=-1.0)
     parser.add_argument("--max-recoverable-errors", type=int, default=3)
-    parser.add_argument("--capacity-wait-seconds", type=float, default=300.0)
+    parser.add_argument("--capacity-wait-seconds", type=_finite_float, default=300.0)
 
 
 def _rollout_args(sub, common) -> None:
@@ -298,10 +313,51 @@ def _kiln_post(client):
     return post
 
 
+class _Tally:
+    """Counts finished episodes and complete groups from the collector's progress callback (labels
+    `group G candidate C`), passing each call on to the progress bar, if any."""
+
+    _LABEL = re.compile(r"^group (\d+) candidate \d+$")
+
+    def __init__(self, groups: int, group_size: int, forward=None):
+        self.groups, self.group_size, self.forward = groups, group_size, forward
+        self.episodes, self.total = 0, groups * group_size
+        self.per_group: dict[int, int] = {}
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        self.episodes, self.total = done, total
+        match = self._LABEL.match(label)
+        if match:
+            group = int(match.group(1))
+            self.per_group[group] = self.per_group.get(group, 0) + 1
+        if self.forward is not None:
+            self.forward(done, total, label)
+
+    @property
+    def complete_groups(self) -> int:
+        return sum(1 for count in self.per_group.values() if count >= self.group_size)
+
+
+def _interrupted(exc, tally: _Tally) -> CliError:
+    """A collection failure as one line that also says how far the collection got and that nothing was
+    written (publication writes the three files together or none): the client error alone, e.g.
+    `GET /health failed: ConnectError`, does not say that the run stopped, nor what became of the files."""
+    stage = getattr(exc, "stage", None)
+    if stage not in ("collection", "identity_verification") or "nothing was published" in exc.message:
+        return _cli_error(exc)  # before any episode, at publication, or an identity change: the message says enough
+    if stage == "collection":
+        where = (f"the collection was interrupted after {tally.episodes} of {tally.total} episodes "
+                 f"({tally.complete_groups} of {tally.groups} groups complete)")
+    else:
+        where = f"the final check of the environment failed after all {tally.total} episodes"
+    hint = "; ".join(part for part in ((exc.hint or "").rstrip(".; "), "then run kiln openenv rollout again") if part)
+    return CliError(exc.code, f"{exc.message}; {where}; no files were written", hint)
+
+
 def _rollout(args) -> int:
     from kiln_project.cli.client import KilnClient
     from kiln_project.cli.rollout_cmd import REQUEST_TIMEOUT_S
-    from openenv.client import credentials_for_urls, normalize_url
+    from openenv.client import OpenEnvError, credentials_for_urls, normalize_url
     from openenv.collector import ChatCompletionPolicy, CollectionConfig, collect_and_publish
     from openenv.collector.config import adapter_name
     from openenv.collector.diagnosis import invalid_action_warning
@@ -327,8 +383,11 @@ def _rollout(args) -> int:
         check_output_path(path)  # before any episode: a device, FIFO or missing folder is refused
     policy = ChatCompletionPolicy(_kiln_post(client), adapter=adapter_name(args.adapter))
     bar, progress = _progress()
+    tally = _Tally(config.groups, config.group_size, progress)
     try:
-        bundle = asyncio.run(collect_and_publish(config, policy, on_progress=progress))
+        bundle = asyncio.run(collect_and_publish(config, policy, on_progress=tally))
+    except OpenEnvError as exc:
+        raise _interrupted(exc, tally) from None
     finally:
         if bar is not None:
             bar.close()

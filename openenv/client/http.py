@@ -8,6 +8,7 @@ body is read only up to its limit (2 MiB for discovery documents) after decompre
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
 import httpx
@@ -96,11 +97,42 @@ async def request_bounded(http: httpx.AsyncClient, method: str, endpoint: Endpoi
     except httpx.TimeoutException:
         raise OpenEnvUnavailable(f"{what} timed out", endpoint=url) from None
     except httpx.HTTPError as exc:
-        raise OpenEnvUnavailable(f"{what} failed: {type(exc).__name__}", endpoint=url) from None
+        raise transport_error(what, exc, url) from None
     data = bytes(body)
     if credential is not None and credential.reflected_in(data):
         raise OpenEnvCredentialReflected(f"{what} echoed the bearer token", endpoint=url)
     return status, data
+
+
+TLS_PLAIN_HTTP_HINT = ("the server did not complete a TLS handshake: it may speak plain HTTP; give the URL with "
+                       "http:// instead of https://")
+TLS_CERTIFICATE_HINT = ("the server's TLS certificate did not verify (self-signed, expired or for another host "
+                        "name); give a URL whose certificate this machine trusts")
+
+
+def _ssl_error(exc: BaseException) -> ssl.SSLError | None:
+    """The ssl.SSLError under a transport failure (httpx wraps it as ConnectError), if any."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ssl.SSLError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def transport_error(what: str, exc: BaseException, url: str) -> OpenEnvUnavailable:
+    """A connection that failed below HTTP. A failed TLS handshake is named as such: `https://` against a
+    plain-HTTP server fails there, and 'check that it is running' would send the user the wrong way."""
+    tls = _ssl_error(exc)
+    if tls is not None:
+        # OpenSSL's short reason (WRONG_VERSION_NUMBER, certificate has expired): set only by the ssl module
+        reason = getattr(tls, "verify_message", None) or getattr(tls, "reason", None) or type(tls).__name__
+        if isinstance(tls, ssl.SSLCertVerificationError):
+            return OpenEnvUnavailable(f"{what} failed: TLS certificate verification failed ({reason})",
+                                      hint=TLS_CERTIFICATE_HINT, endpoint=url)
+        return OpenEnvUnavailable(f"{what} failed: TLS handshake failed ({reason})", hint=TLS_PLAIN_HTTP_HINT,
+                                  endpoint=url)
+    return OpenEnvUnavailable(f"{what} failed: {type(exc).__name__}", endpoint=url)
 
 
 def status_error(status: int, what: str, url: str, *,

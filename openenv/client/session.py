@@ -58,7 +58,13 @@ from openenv.client.errors import (
     OpenEnvUpgradeFailed,
 )
 from openenv.client.frames import ErrorFrame, Observation, parse_server_frame, protocol_error
-from openenv.client.http import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, new_client, status_error
+from openenv.client.http import (
+    CONNECT_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+    new_client,
+    status_error,
+    transport_error,
+)
 from openenv.client.urls import Endpoint, as_endpoint
 
 MAX_SERVER_FRAME_BYTES = 512 * 1024
@@ -352,7 +358,7 @@ def _upgrade_error(exc: Exception, url: str, credential: Credential | None = Non
         return OpenEnvUnavailable("the WebSocket upgrade timed out", endpoint=url)
     if isinstance(exc, InvalidHandshake):
         return OpenEnvUpgradeFailed(f"the WebSocket upgrade failed: {type(exc).__name__}", endpoint=url)
-    return OpenEnvUnavailable(f"the WebSocket connection failed: {type(exc).__name__}", endpoint=url)
+    return transport_error("the WebSocket connection", exc, url)
 
 
 async def open_session(url: Endpoint | str, *, credential: Credential | None = None,

@@ -2,7 +2,9 @@
 
 A bare `host:port` gets `http://`; only http and https; userinfo, query and fragment are refused;
 the host is lower-cased and a default port dropped; trailing slashes are trimmed; the WebSocket
-URL is the same origin with scheme ws/wss and `/ws` appended to the path.
+URL is the same origin with scheme ws/wss and `/ws` appended to the path. The WebSocket URL itself
+(ws/wss, or a path ending in `/ws`, as `kiln openenv inspect` prints it) is refused with the base
+URL to give instead: taken as a base URL it would fail later as an unhealthy server (GET /ws/health).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from openenv.client.errors import OpenEnvUrlInvalid
 
 MAX_URL_LENGTH = 2048
 DEFAULT_PORTS = {"http": 80, "https": 443}
+SOCKET_SCHEMES = {"ws": "http", "wss": "https"}
 _PATH_CHARS = re.compile(r"^[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*$")
 
 
@@ -76,6 +79,8 @@ def normalize_url(raw: str) -> Endpoint:
     except ValueError as exc:
         raise OpenEnvUrlInvalid(f"the environment URL does not parse: {exc}") from None
     scheme = parts.scheme.lower()
+    socket_scheme = scheme in SOCKET_SCHEMES
+    scheme = SOCKET_SCHEMES.get(scheme, scheme)
     if scheme not in DEFAULT_PORTS:
         raise OpenEnvUrlInvalid(f"the environment URL scheme must be http or https, not {parts.scheme!r}")
     if "@" in parts.netloc:
@@ -94,6 +99,11 @@ def normalize_url(raw: str) -> Endpoint:
     host_part = f"[{host}]" if ":" in host else host
     authority = host_part if port == DEFAULT_PORTS[scheme] else f"{host_part}:{port}"
     origin = f"{scheme}://{authority}"
+    if socket_scheme or path.endswith("/ws"):
+        base = origin + (path[:-3] if path.endswith("/ws") else path)
+        what = f"has the WebSocket scheme {parts.scheme!r}" if socket_scheme else "ends in /ws"
+        raise OpenEnvUrlInvalid(f"the environment URL {what}: that is its WebSocket endpoint, not its base URL",
+                                hint=f"give the base URL {base} (Kiln opens the WebSocket at /ws itself)")
     ws_scheme = "wss" if scheme == "https" else "ws"
     return Endpoint(
         base_url=origin + path,

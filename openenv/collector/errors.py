@@ -161,6 +161,12 @@ class CollectionError(OpenEnvError):
                               hint=self.hint, protocol_code=self.protocol_code, http_status=self.http_status)
 
 
+# A collection setting out of bounds is the caller's to fix; OpenEnvError's default hint would blame the
+# environment, which no request has reached yet.
+INVALID_CONFIG_HINT = ("correct the collection setting the message names (on the command line, the option of that "
+                       "name, e.g. --capacity-wait-seconds for capacity_wait_seconds; in a run request, that field)")
+
+
 def invalid_config(message: str, hint: str | None = None) -> CollectionError:
     return CollectionError("openenv_invalid_collection", message, stage="admission",
-                           failure_code="persisted_contract_invalid", hint=hint)
+                           failure_code="persisted_contract_invalid", hint=hint or INVALID_CONFIG_HINT)
