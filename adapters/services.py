@@ -19,6 +19,7 @@ from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransit
 from core.artifacts import CHECKPOINT_SUFFIX, StagedDirectory, ensure_dir, hidden_sibling
 from core.canonical import sha256_digest
 from core.content_identity import file_sha256
+from core.contracts.names import is_valid_name
 from core.db_locks import REGISTRY, serialize
 from core.errors import KilnError
 from core.jobs.services import check_owner_or_permitted
@@ -26,7 +27,6 @@ from core.jobs.services import check_owner_or_permitted
 log = logging.getLogger(__name__)
 
 RECEIPT_FILE = "train_receipt.json"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ACTIVATION_SCHEMA = "kiln.adapter-activation.v1"  # the same receipt the post-eval gate writes
 
 
@@ -35,7 +35,7 @@ def adapters_root() -> Path:
 
 
 def validate_adapter_name(name: str, *, field: str = "output_name") -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name) or name == "base" or ".." in name:
+    if not is_valid_name(name, reserved=("base",)):
         raise KilnError("invalid_adapter_name", f"{field}: {name!r} is not a valid adapter name", status=400, field=field,
                         hint="use letters, digits, '.', '_' and '-' (at most 64), e.g. math-r001")
     return name

@@ -17,10 +17,10 @@ from django.db import IntegrityError, transaction
 
 from core.artifacts import ensure_dir, write_file
 from core.canonical import sha256_digest
+from core.contracts.names import is_valid_name
 from core.errors import KilnError
 from evaluations.models import Scorer
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FILENAME_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")  # the sandbox keeps names of [A-Za-z0-9._+-] only
 MAX_SCORER_BYTES = 1 << 20
 MAX_DESCRIPTION_CHARS = 2000
@@ -35,7 +35,7 @@ def _invalid(message: str, field: str, hint: str = "", code: str = "scorer_inval
 
 
 def validate_scorer_name(name) -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name) or ".." in name:
+    if not is_valid_name(name):
         raise _invalid(f"{name!r} is not a valid scorer name", "name",
                        "use letters, digits, '.', '_' and '-' (at most 64), e.g. math-exact")
     return name

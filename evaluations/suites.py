@@ -19,15 +19,14 @@ source and time are excluded, so the same content registered under another name 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 
 from core.canonical import canonical_json, json_digest
 from core.contracts.groups import MESSAGE_ROLES
+from core.contracts.names import is_valid_name
 from evaluations.example_scorers import NEEDS_TARGET, ScorerSpecError, parse_scorer_spec
 
 SUITE_SCHEMA = "kiln.eval-suite.v1"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_EXAMPLES = 10_000
 MAX_MESSAGES = 256
 MAX_ID_CHARS = 200
@@ -43,7 +42,7 @@ class SuiteError(ValueError):
 
 
 def check_name(name, field: str = "name") -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name) or ".." in name:
+    if not is_valid_name(name):
         raise SuiteError(field, f"{name!r} is not a valid name: use letters, digits, '.', '_' and '-' "
                                 "(at most 64, starting with a letter or digit)")
     return name

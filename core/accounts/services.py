@@ -32,8 +32,25 @@ def token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
     return token_issue(user=user, name=name)
 
 
+def check_token_name(name) -> str:
+    """A token's name is text that fits its column: SQLite would store a longer one silently, PostgreSQL
+    refuse it with a DataError (and a NUL byte with a ValueError), so the rule is checked here, once."""
+    limit = ApiToken._meta.get_field("name").max_length
+    if not isinstance(name, str):
+        raise KilnError("invalid_token_name", f"a token's name must be text, not {type(name).__name__}",
+                        hint="e.g. --name laptop", field="name")
+    if len(name) > limit:
+        raise KilnError("invalid_token_name", f"a token's name is at most {limit} characters, not {len(name)}",
+                        hint="give a shorter --name, e.g. laptop or ci", field="name")
+    if "\x00" in name:
+        raise KilnError("invalid_token_name", "a token's name cannot contain a NUL character",
+                        hint="e.g. --name laptop", field="name")
+    return name
+
+
 def token_issue(*, user, name: str = "", token: ApiToken | None = None) -> tuple[ApiToken, str]:
     """Fill (or create) a token row with a fresh secret's prefix and hash; return it and the secret."""
+    check_token_name(token.name if token is not None else name)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = token or ApiToken(user=user, name=name)
     token.user, token.prefix, token.token_hash = user, secret[:12], _hash(secret)

@@ -1,5 +1,6 @@
 """`kiln adapters list|show|download|upload|load|unload|activate|delete` (and `verify`, from
-adapters_verify_cmd): client commands over /v1/adapters."""
+adapters_verify_cmd): client commands over /v1/adapters. Every NAME is checked by `adapter_name_arg` before
+any request, so a malformed name reads the same from each command."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from kiln_project.cli.adapters_verify_cmd import add_verify_parser, run_verify
-from kiln_project.cli.client import CliError, KilnClient, api_path, raise_for_stream_error
+from kiln_project.cli.client import CliError, KilnClient, adapter_name_arg, api_path, raise_for_stream_error
 from kiln_project.cli.output import check_output_path, print_json, print_table
 
 TRANSFER_TIMEOUT = 600.0  # uploads and downloads of large adapters
@@ -105,6 +106,8 @@ def run(args) -> int:
     command = args.adapters_command
     if command == "verify":
         return run_verify(args)
+    if command != "list":
+        adapter_name_arg(args.name)
     client = KilnClient(args.url, timeout=TRANSFER_TIMEOUT if command in ("upload", "download") else 30.0)
     if command == "list":
         adapters = client.get("/v1/adapters")

@@ -8,9 +8,7 @@ Wired by `kiln_project/cli/adapters_cmd.py`: `add_verify_parser(adapters_subpars
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
-from kiln_project.cli.client import CliError, KilnClient
+from kiln_project.cli.client import CliError, KilnClient, adapter_name_arg, api_path
 from kiln_project.cli.output import print_json
 
 
@@ -33,8 +31,9 @@ def report_lines(report: dict) -> list[str]:
 
 
 def run_verify(args, client=None) -> int:
+    adapter_name_arg(args.name)  # the same check as every `kiln adapters` command, before any request
     client = client or KilnClient(args.url)
-    report = client.get(f"/v1/adapters/{quote(args.name, safe='')}/verify")
+    report = client.get(api_path("/v1/adapters", args.name, "verify"))
     if getattr(args, "json", False):
         print_json(report)
     else:

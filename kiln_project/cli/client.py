@@ -11,11 +11,13 @@ Names and ids go into paths through `api_path` (each one percent-encoded as one 
 request's path is checked before it is sent (`check_path`): a "." or ".." segment, a "#", a backslash or
 a URL is refused (`invalid_path_segment`), so `kiln jobs cancel ../adapters/x` can never become
 DELETE /v1/adapters/x. An answer that is not Kiln's JSON API (a wrong --url) is one
-`not_a_kiln_server` line.
+`not_a_kiln_server` line. A body holding NaN or Infinity (not JSON) is `invalid_json_value` and a token
+that cannot go into an HTTP header is `invalid_token`, both before anything is sent.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -28,6 +30,7 @@ from urllib.parse import quote, unquote, urlsplit
 import httpx
 
 from core.artifacts import HomeLayout
+from core.contracts.names import is_valid_name
 
 DEFAULT_URL = "http://127.0.0.1:8420"
 DEFAULT_WAIT_READY_SECONDS = 300.0
@@ -118,6 +121,55 @@ def job_id_arg(value: str, what: str = "job") -> str:
                        f"list {what}s and their ids with: {_LISTINGS.get(what, 'kiln jobs list')}") from None
 
 
+def adapter_name_arg(name: str) -> str:
+    """An adapter name as the server accepts it; "", "." and ".." are `invalid_path_segment` (as for any
+    name in a path), any other malformed name `invalid_adapter_name`, before any request."""
+    api_path("/v1/adapters", name)
+    if not is_valid_name(name, reserved=("base",)):  # the server's rule (adapters.services.validate_adapter_name)
+        raise CliError("invalid_adapter_name", f"{name[:100]!r} is not a valid adapter name",
+                       "use letters, digits, '.', '_' and '-' (at most 64), e.g. math-r001; list them with: "
+                       "kiln adapters list")
+    return name
+
+
+def _non_finite_at(value) -> tuple[str, float] | None:
+    """Where in a JSON body the first NaN or Infinity is ("$.groups[0].reward"), and the value; None if none.
+    Iterative, and each container once: a deeply nested file must not end in RecursionError here, nor a
+    cyclic value (httpx's own ValueError for it stands) loop forever."""
+    stack, seen = [("$", value)], set()
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return where, item
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+        if isinstance(item, dict):
+            stack.extend((f"{where}.{key}", child) for key, child in reversed(list(item.items())))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{i}]", child) for i, child in reversed(list(enumerate(item))))
+    return None
+
+
+def check_json_body(body) -> None:
+    """Refuse a body that JSON cannot carry: NaN and Infinity (from a float option such as --temperature nan,
+    or a file Python's json module read) are not JSON numbers, and httpx refuses them with a bare ValueError."""
+    found = _non_finite_at(body)
+    if found is not None:
+        where, number = found
+        raise CliError("invalid_json_value", f"the request holds {number!r} at {where[:200]}: NaN and Infinity "
+                       "are not JSON numbers", "give a finite number (in the option or the file it came from)")
+
+
+def check_token(token: str, source: str) -> None:
+    """A bearer token goes into an HTTP header: a non-ASCII or control character there is a UnicodeEncodeError
+    (or a header that ends early), never a request. The token itself is never echoed: it is a secret."""
+    if not token.isascii() or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in token):
+        raise CliError("invalid_token", f"the API token from {source} holds a character that is not printable ASCII",
+                       "tokens are ASCII (they start with kiln_); create one with: kiln token create USER")
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # server text is not allowed to drive the terminal
 
 
@@ -187,7 +239,14 @@ class _GuardedHttp(httpx.Client):
     def build_request(self, method, url, *args, **kwargs):
         if isinstance(url, str) and "://" not in url:
             check_path(method, url)
-        return super().build_request(method, url, *args, **kwargs)
+        try:
+            return super().build_request(method, url, *args, **kwargs)
+        except ValueError:
+            # httpx encodes json= with allow_nan=False; name the value instead of its bare ValueError
+            # (checked only on failure: a large inline GRPO body is not walked twice)
+            if kwargs.get("json") is not None:
+                check_json_body(kwargs["json"])
+            raise
 
 
 class KilnClient:
@@ -201,7 +260,14 @@ class KilnClient:
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise CliError("invalid_url", f"the server URL {self.url!r} is not an http(s) URL with a host",
                            "e.g. --url http://127.0.0.1:8420 (or KILN_URL)")
-        token = token if token is not None else os.environ.get("KILN_API_TOKEN") or local_token(self.url)
+        if token is not None:
+            source = "the command"
+        elif os.environ.get("KILN_API_TOKEN"):
+            token, source = os.environ["KILN_API_TOKEN"], "KILN_API_TOKEN"
+        else:
+            token, source = local_token(self.url), "KILN_HOME/cli-token"
+        if token:
+            check_token(token, source)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = _GuardedHttp(base_url=self.url, headers=headers, timeout=timeout)
         self._announce_lock = threading.Lock()

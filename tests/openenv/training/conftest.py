@@ -99,14 +99,16 @@ def train_body(url, **overrides):
     return body
 
 
-def publish_adapter(root: Path, name: str = "counter-agent-v1", payload: bytes = b"weights-v1"):
-    """A published adapter row over a folder of adapter files (enough for preflight and snapshots)."""
+def publish_adapter(root: Path, name: str = "counter-agent-v1", payload: bytes = b"weights-v1", *,
+                    rank: int = 16, alpha: float = 32):
+    """A published adapter row over a folder of adapter files (enough for preflight and snapshots); its
+    LoRA shape (the default one unless given) must be the run's: a warm start keeps it."""
     from adapters.models import Adapter, AdapterState
     from core.content_identity import adapter_content_sha256
 
     folder = root / "adapters" / name
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "adapter_config.json").write_text(json.dumps({"r": 16, "lora_alpha": 32}))  # the default shape
+    (folder / "adapter_config.json").write_text(json.dumps({"r": rank, "lora_alpha": alpha}))
     (folder / "adapter_model.safetensors").write_bytes(payload)
     return Adapter.objects.create(name=name, state=AdapterState.PUBLISHED, path=str(folder),
                                   content_sha256=adapter_content_sha256(folder), published_at=timezone.now())

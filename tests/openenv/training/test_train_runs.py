@@ -220,7 +220,7 @@ def test_cancel_while_post_evaluating_cancels_the_post_eval_and_the_run(api, hom
 
 
 def test_a_behavior_adapter_changed_under_the_run_fails_closed(api, home, counter, served, policies):
-    adapter = publish_adapter(home)
+    adapter = publish_adapter(home, rank=2, alpha=4)  # train_body's shape
     body = train_body(counter.url, groups=1, adapter="counter-agent-v1", output_adapter="counter-agent-v2")
 
     # (a) its bytes change after submission, before the snapshot: refused before any episode.
