@@ -13,6 +13,7 @@ from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.parser import Parser
 
 from core.accounts.auth import api_auth, require_api_user
 from core.errors import KilnError, caused_by, error_envelope
@@ -50,12 +51,87 @@ class KilnNinjaAPI(NinjaAPI):
         return schema
 
 
+class BodyRefused(ValueError):
+    """A body that parses as JSON but that no route takes: `path: problem`, and what to send instead."""
+
+    def __init__(self, message: str, hint: str):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+class KilnParser(Parser):
+    """Every route's JSON body is one object whose every string (keys and values, at any depth)
+    encodes as UTF-8. A lone surrogate ("\\ud800") parses, but a database query or the tokenizer cannot encode
+    it (a 500); a non-object body would be read as an empty one and take every default. Checked once
+    here for every route, before anything reads or stores the body."""
+
+    def parse_body(self, request):
+        data = super().parse_body(request)
+        if not isinstance(data, dict):
+            raise BodyRefused(f"request: the body must be a JSON object, not {_json_kind(data)}",
+                              "send one JSON object (see this route's request format in /v1/docs)")
+        found = _lone_surrogate(data)
+        if found:
+            where, in_key = found
+            raise BodyRefused(f"{where}: {'a key ' if in_key else ''}holds a lone surrogate; send valid Unicode text",
+                              "an escaped surrogate (\\ud800-\\udfff) must come as a pair, high then low, "
+                              "e.g. \\ud83d\\ude00")
+        return data
+
+
+def _json_kind(value) -> str:
+    kinds = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _is_text(value: str) -> bool:
+    if value.isascii():  # the common case, checked in C without encoding
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(data: dict) -> tuple[str, bool] | None:
+    """The JSON path of a string UTF-8 cannot encode (e.g. `messages[0].content`) and whether it is a
+    key of that object, or None. Iterative: a body nested as deep as the JSON parser allows is fine."""
+    stack = [(data, None)]  # (value, its path as a linked (parent, key) pair): built out only when needed
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not _is_text(key):
+                    return _path_text(path), True
+                stack.append((item, (path, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (path, index)) for index, item in enumerate(value))
+        elif isinstance(value, str) and not _is_text(value):
+            return _path_text(path), False
+    return None
+
+
+def _path_text(path) -> str:
+    parts = []
+    while path is not None:
+        path, key = path
+        parts.append(f"[{key}]" if isinstance(key, int) else "." + _echo(key))
+    return "".join(reversed(parts)).removeprefix(".") or "request"
+
+
+def _echo(text: str, limit: int = 80) -> str:
+    """A client's text as an error message quotes it: bounded, as the client may send megabytes."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 api = KilnNinjaAPI(
     title="Kiln API",
     version="1",
     description="Kiln training and agent control plane: jobs, inference, GRPO training, adapters, evaluations.",
     auth=api_auth,
     urls_namespace="v1",
+    parser=KilnParser(),
     docs_url="/docs",
     docs_decorator=require_api_user,  # the document and its page, like every route but /health
 )
@@ -94,16 +170,35 @@ VALIDATION_CODES = {"/v1/train/": (400, "training_invalid_request"), "/v1/traini
                     "/v1/openenv/training/": (400, "training_invalid_request")}
 
 
+def _route_validation(request) -> tuple[int, str]:
+    """The status and code this route answers a malformed request with."""
+    return next((v for prefix, v in VALIDATION_CODES.items() if request.path.startswith(prefix)),
+                (422, "validation_error"))
+
+
+PARAM_SOURCES = ("body", "query", "path", "header", "cookie", "form", "file")
+
+
+def _field_path(loc) -> str:
+    """Pydantic's location as the field's JSON path: ('body', 'body', 'groups', 0, 'text') is
+    `groups[0].text`, ('query', 'examples') is `examples` (the source and the body parameter's
+    own name say nothing to the client)."""
+    parts = list(loc)
+    source = parts.pop(0) if parts and parts[0] in PARAM_SOURCES else None
+    if source == "body" and parts and parts[0] in ("body", "payload"):
+        parts.pop(0)
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{_echo(str(p))}" for p in parts).removeprefix(".")
+
+
 @api.exception_handler(NinjaValidationError)
 def _validation_error(request, exc: NinjaValidationError):
     first = exc.errors[0] if exc.errors else {}
-    where = ".".join(str(part) for part in first.get("loc", []) if part not in ("body", "payload"))
-    message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid request")
-    status, code = next((v for prefix, v in VALIDATION_CODES.items() if request.path.startswith(prefix)),
-                        (422, "validation_error"))
-    if code != "validation_error":
-        message = f"request: {first.get('msg', 'must be a JSON object')}"
-    return _respond(request, status, code, message, f"{len(exc.errors)} problem(s) in the request")
+    where = _field_path(first.get("loc", ())) or "request"
+    message = first.get("msg", "invalid")
+    if where == "request" and first.get("type") == "missing":
+        message = "a JSON object body is required"
+    status, code = _route_validation(request)
+    return _respond(request, status, code, f"{where}: {message}", f"{len(exc.errors)} problem(s) in the request")
 
 
 @api.exception_handler(AuthenticationError)
@@ -119,7 +214,10 @@ def _unauthorized(request, exc):
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
-    if exc.status_code == 400 and str(exc) == "Cannot parse request body":  # not JSON, or nested too deep
+    if isinstance(exc.__cause__, BodyRefused):  # JSON, but not a body any route takes (KilnParser)
+        status, code = _route_validation(request)
+        return _respond(request, status, code, exc.__cause__.message, exc.__cause__.hint)
+    if exc.status_code == 400 and str(exc).startswith("Cannot parse request body"):  # not JSON, or too deep
         code = next((v[1] for prefix, v in VALIDATION_CODES.items() if request.path.startswith(prefix)),
                     "invalid_json")
         return _respond(request, 400, code, f"request: not valid JSON ({exc})", "send one JSON object")

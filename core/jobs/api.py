@@ -7,6 +7,7 @@ from ninja import Router
 from core.accounts.auth import require_permission
 from core.errors import KilnError
 from core.jobs import selectors, services
+from core.jobs.kinds import get_job_kind, registered_kinds
 from core.jobs.models import JobState
 from core.jobs.schemas import JobDetailOut, JobEventsPage, JobOut, job_out
 
@@ -25,6 +26,10 @@ def _get_or_404(job_id: str):
 def list_jobs(request, kind: str | None = None, state: str | None = None, limit: int = 100):
     if state and state not in JobState.values:
         raise KilnError("invalid_state", f"state must be one of {', '.join(JobState.values)}", status=400)
+    if kind and get_job_kind(kind) is None:  # a typo would otherwise list nothing, as if no such job ran
+        raise KilnError("invalid_kind", f"kind must be one of {', '.join(k.name for k in registered_kinds())}",
+                        status=400, field="kind",
+                        hint="leave kind out for every kind; GET /v1/config lists them (job_kinds)")
     if not 1 <= limit <= 1000:
         raise KilnError("invalid_limit", "limit must be between 1 and 1000", status=400)
     jobs = selectors.job_list(kind=kind, state=state, limit=limit).select_related("submitted_by")
