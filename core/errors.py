@@ -7,6 +7,15 @@ and the CLI prints it on one line.
 from __future__ import annotations
 
 
+# A message quotes what the client sent (a name, a value): bounded, as a client may send megabytes
+# and the answer would repeat them all. Long enough for every message Kiln writes itself.
+MAX_MESSAGE_CHARS = 2000
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
+
+
 class KilnError(Exception):
     def __init__(
         self,
@@ -27,11 +36,11 @@ class KilnError(Exception):
         self.field = field
 
     def envelope(self) -> dict:
-        return {"error": {"code": self.code, "message": self.message, "hint": self.hint}}
+        return error_envelope(self.code, self.message, self.hint)
 
 
 def error_envelope(code: str, message: str, hint: str = "") -> dict:
-    return {"error": {"code": code, "message": message, "hint": hint}}
+    return {"error": {"code": code, "message": bounded(message), "hint": bounded(hint)}}
 
 
 DISK_FULL_CODE = "adapter_disk_quota_exceeded"  # 507: the spec's code for a write the disk has no room for

@@ -73,3 +73,12 @@ def test_a_megabyte_adapter_name_is_quoted_bounded(api):
     error = refused(api.post("/v1/chat/completions", data=json.dumps(body), content_type="application/json"),
                     404, "adapter_not_found")
     assert error["message"] == f"no published adapter is named {'a' * 80 + '…'!r}"
+
+
+def test_an_error_message_never_repeats_megabytes_the_client_sent(api):
+    """POST /v1/promotions with a 1 MB candidate answered 404 with the whole name in its message."""
+    response = api.post("/v1/promotions", data={"candidate": "x" * 1_000_000, "reason": "r"},
+                        content_type="application/json")
+    assert response.status_code in (400, 404, 422)
+    assert len(response.content) < 5000
+    assert "more characters)" in response.json()["error"]["message"]
