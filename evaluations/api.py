@@ -112,7 +112,8 @@ def dataset_split(request, name: str):
             response=DatasetManifest)
 def dataset_split_update(request, name: str, body: SplitRequest):
     require_permission(request, "submit_job")
-    dataset = dataset_services.dataset_split_update(dataset=_dataset_or_404(name), config=body.as_dict())
+    dataset = dataset_services.dataset_split_update(dataset=_dataset_or_404(name), config=body.as_dict(),
+                                                   user=request.user)
     return dataset_selectors.dataset_manifest(dataset=dataset)
 
 

@@ -179,13 +179,17 @@ def dataset_split_preview(*, dataset: EvalDataset, config) -> dict:
             "component_counts": dict(split.component_counts), "num_components": split.num_components}
 
 
-def dataset_split_update(*, dataset: EvalDataset, config) -> EvalDataset:
-    """Re-split with a new config and republish the whole folder (data unchanged) atomically."""
+def dataset_split_update(*, dataset: EvalDataset, config, user=None) -> EvalDataset:
+    """Re-split with a new config and republish the whole folder (data unchanged) atomically. Another
+    user's dataset only with jobs.delete_others_jobs (dataset_split_forbidden): its partitions are
+    what their suites and held-out gates were drawn from."""
     parsed = _split_config(config)
     with _name_lock(dataset.name), transaction.atomic():
         dataset = EvalDataset.objects.select_for_update().filter(pk=dataset.pk).first()
         if dataset is None:
             raise KilnError("dataset_not_found", "the dataset was deleted meanwhile", status=404)
+        check_owner_or_permitted(owner_id=dataset.created_by_id, user=user, what=f"dataset {dataset.name!r}",
+                                 code="dataset_split_forbidden")
         folder = Path(dataset.path)
         try:
             old = json.loads((folder / MANIFEST).read_bytes())

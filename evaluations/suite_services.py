@@ -30,7 +30,8 @@ def _exists(name: str) -> KilnError:
 
 
 def suite_store(*, body, force: bool = False, source: dict | None = None, user=None) -> EvalSuite:
-    """Validate a suite and register it; an existing name answers eval_suite_exists unless `force`."""
+    """Validate a suite and register it; an existing name answers eval_suite_exists unless `force`
+    (another user's suite is replaced only with jobs.delete_others_jobs: suite_replace_forbidden)."""
     try:
         parsed = parse_suite(body)
     except SuiteError as exc:
@@ -48,6 +49,10 @@ def suite_store(*, body, force: bool = False, source: dict | None = None, user=N
     try:
         with transaction.atomic():
             if force:
+                existing = EvalSuite.objects.select_for_update().filter(name=name).first()
+                if existing is not None:  # replacing is deleting: the owner's, or jobs.delete_others_jobs
+                    check_owner_or_permitted(owner_id=existing.created_by_id, user=user, what=f"eval suite {name!r}",
+                                             code="suite_replace_forbidden")
                 suite, _created = EvalSuite.objects.select_for_update().update_or_create(name=name, defaults=fields)
             else:
                 suite = EvalSuite.objects.create(name=name, **fields)

@@ -216,7 +216,8 @@ def dataset_split_view(request, name):
         if not apply:
             preview = dataset_services.dataset_split_preview(dataset=dataset, config=forms.split_config(values))
             return _dataset_render(request, dataset, split_values=values, preview=preview)
-        dataset = dataset_services.dataset_split_update(dataset=dataset, config=forms.split_config(values))
+        dataset = dataset_services.dataset_split_update(dataset=dataset, config=forms.split_config(values),
+                                                        user=request.user)
     except KilnError as exc:
         return _dataset_render(request, dataset, split_values=values, split_error=exc, status=exc.status)
     counts = dataset.split_counts

@@ -105,3 +105,34 @@ def test_the_services_refuse_a_call_without_a_user_on_an_owned_object(home, user
     assert (dataset_refusal.value.code, suite_refusal.value.code) == ("dataset_delete_forbidden",
                                                                       "suite_delete_forbidden")
     assert EvalDataset.objects.exists() and EvalSuite.objects.exists()
+
+
+def test_replacing_or_resplitting_another_users_object_follows_the_same_rule(home, users, api):
+    """Replacing a suite (force) deletes the old one, and a re-split changes what a dataset's suites
+    and gates were drawn from: both took anyone's before."""
+    import json
+
+    make_suite(api("admin"), "arith")
+    replaced = api("bob").post("/v1/eval/suites?force=true", data=json.dumps({**_suite_body("arith"),
+                                                                            "description": "bob's"}),
+                               content_type="application/json")
+    refused(replaced, "suite_replace_forbidden")
+    assert EvalSuite.objects.get(name="arith").created_by.username == "admin"
+    ok = api("carol").post("/v1/eval/suites?force=true", data=json.dumps(_suite_body("arith")),
+                           content_type="application/json")
+    assert ok.status_code == 200, ok.content
+
+    make_dataset(api("admin"), "d4")
+    before = EvalDataset.objects.get(name="d4").split_config
+    split = api("bob").put("/v1/eval/datasets/d4/split", data=json.dumps({"seed": 99}),
+                           content_type="application/json")
+    refused(split, "dataset_split_forbidden")
+    assert EvalDataset.objects.get(name="d4").split_config == before
+    assert api("admin").put("/v1/eval/datasets/d4/split", data=json.dumps({"seed": 99}),
+                            content_type="application/json").status_code == 200
+
+
+def _suite_body(name: str) -> dict:
+    from tests.accounts.support import SUITE
+
+    return {**SUITE, "name": name}
