@@ -9,6 +9,7 @@ from __future__ import annotations
 from ninja import Router
 
 from core.accounts.auth import require_permission
+from core.contracts.grpo_config import ignored_key_warnings
 from core.errors import KilnError
 from core.jobs import services as job_services
 from core.jobs.models import TERMINAL_STATES
@@ -35,8 +36,11 @@ def _submit(request, body: GrpoRequest, route: str) -> dict:
     if data.get("dry_run") is True:
         return grpo_dry_run(body=data)
     job, seed = grpo_submit(body=data, user=request.user, route=route)
+    payload = GrpoJobPayload.of(job)
+    ignored = list(payload.ignored_config_keys)  # accepted and ignored (spec §3), but never silently
     return {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
-            "message": f"GRPO training queued; it will publish adapter {GrpoJobPayload.of(job).adapter_name}"}
+            "message": f"GRPO training queued; it will publish adapter {payload.adapter_name}",
+            "ignored_config_keys": ignored, "warnings": ignored_key_warnings(ignored)}
 
 
 @router.post("/train/grpo", summary="Queue GRPO training from scored groups", response=GrpoQueued | GrpoDryRun)

@@ -31,7 +31,8 @@ GRPO_CONFIG = dataclass_schema(
              "advantage_mode": grpo.ADVANTAGE_MODES, "loss_aggregation": grpo.LOSS_AGGREGATIONS,
              "kl_estimator": grpo.KL_ESTIMATORS, "reward_filter_on_empty": grpo.REWARD_FILTER_ON_EMPTY},
     overrides={"seed": SEED_SCHEMA},
-    bounds={"lora_rank": (1, values.MAX_LORA_RANK), "lora_alpha": (None, values.MAX_LORA_ALPHA),
+    bounds={"learning_rate": (None, grpo.MAX_LEARNING_RATE),
+            "lora_rank": (1, values.MAX_LORA_RANK), "lora_alpha": (None, values.MAX_LORA_ALPHA),
             "checkpoint_interval": (1, values.MAX_CHECKPOINT_INTERVAL),
             "grad_checkpoint_segments": (1, values.MAX_GRAD_CHECKPOINT_SEGMENTS),
             "reward_filter_min_groups": (1, values.MAX_REWARD_FILTER_MIN_GROUPS),
@@ -95,6 +96,8 @@ class GrpoQueued(Schema):
     state: str
     effective_seed: str
     message: str
+    ignored_config_keys: list[str] = []  # config keys that are no GrpoConfig field (accepted and ignored)
+    warnings: list[str] = []  # one per ignored key, with its closest field name
 
 
 class GrpoDryRun(Schema):
@@ -108,6 +111,7 @@ class GrpoDryRun(Schema):
     effective_config: dict
     config_sources: dict = {}
     ignored_config_keys: list[str] = []
+    warnings: list[str] = []
     training_data: dict
     post_eval: dict | None = None
     post_eval_suite_hash: str | None = None

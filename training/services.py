@@ -21,8 +21,16 @@ from adapters.selectors import adapter_published_path
 from adapters.services import adapter_reserve, validate_adapter_name
 from core.artifacts import CHECKPOINT_MANIFEST, ensure_dir, write_file
 from core.confined_paths import PathRefused, confined_file
-from core.contracts.groups import AdmittedCorpus, GroupError, admit_groups, admit_jsonl, check_corpus_size
-from core.contracts.grpo_config import GrpoConfig, resolve_effective_seed
+from core.contracts.groups import (
+    MAX_COMPLETIONS_PER_GROUP,
+    REWARD_RANGE,
+    AdmittedCorpus,
+    GroupError,
+    admit_groups,
+    admit_jsonl,
+    check_corpus_size,
+)
+from core.contracts.grpo_config import GrpoConfig, ignored_key_warnings, resolve_effective_seed
 from core.contracts.grpo_submission import DRY_RUN_MODE, GrpoSubmission
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
@@ -45,13 +53,16 @@ FIELD_HINTS = (
     ("dataset", "list registered datasets with GET /v1/eval/datasets"),
     ("config.base_adapter", "list published adapters with `kiln adapters list`; the first round starts from the "
                             "base model (leave base_adapter out)"),
-    ("config", "see the defaults in GET /v1/config and the fields in the README's training reference"),
+    ("config", "the config's fields, types and bounds are GrpoConfig in GET /v1/openapi.json; the server's defaults "
+               "are in GET /v1/config"),
     ("post_eval", "post_eval is {suite, data_scope?, generation?, min_accuracy?, include_baseline?}: an installed "
                   "suite (kiln eval suites list); min_accuracy in [0, 1] makes it a promotion gate"),
     ("request", "send one JSON object: {groups | dataset_path | dataset, config, post_eval?}"),
 )
-GROUP_HINT = ("each group is {messages, completions: [{text, reward}, ...]} with at least two completions and "
-              "finite rewards (rollout-generate writes this format)")
+# What core.contracts.groups accepts: 1..MAX_COMPLETIONS_PER_GROUP completions (the guide's "one or more").
+GROUP_HINT = (f"each group is {{messages, completions: [{{text, reward}}, ...]}} with 1 to {MAX_COMPLETIONS_PER_GROUP} "
+              f"completions whose rewards are {REWARD_RANGE}; only a group whose rewards differ trains under the "
+              "default dynamic_sampling (rollout-generate writes this format)")
 
 
 def field_hint(field: str) -> str:
@@ -93,9 +104,37 @@ def _read_dataset_path(value) -> tuple[AdmittedCorpus, dict]:
     try:
         corpus = admit_jsonl(data)
     except GroupError as exc:
+        _refuse_summary(data)
         where = exc.field if exc.field.startswith("dataset_path") else f"dataset_path {exc.field}"
         raise _invalid(str(exc).split(": ", 1)[1], where) from None
     return corpus, {"source": "dataset_path", "path": value}
+
+
+# Summaries written next to the rollouts, and where each records its rollouts file. (The OpenEnv
+# collector's schema is spelled out: training may not import the openenv app above it.)
+SUMMARY_ROLLOUTS = {"kiln.rollout-generate-summary.v1": ("output", "path"),
+                    "kiln.openenv-rollout-summary.v5": ("configuration", "output_path")}
+
+
+def _refuse_summary(data: bytes) -> None:
+    """A file that is not JSONL of groups but the run summary beside them (pretty JSON, so its line 1
+    is `{`) would be answered "line 1: is not valid JSON": say what it is and which file to send."""
+    if data.lstrip()[:1] != b"{":
+        return
+    try:
+        summary = json.loads(data)
+    except ValueError:
+        return
+    schema = summary.get("schema") if isinstance(summary, dict) else None
+    if schema not in SUMMARY_ROLLOUTS:
+        return
+    block, key = SUMMARY_ROLLOUTS[schema]
+    holder = summary.get(block)
+    rollouts = holder.get(key) if isinstance(holder, dict) else None
+    send = f"its rollouts file {rollouts}" if isinstance(rollouts, str) and rollouts else "the rollouts JSONL beside it"
+    raise _invalid(f"is a rollout summary ({schema}), not the rollouts: send {send} instead", "dataset_path",
+                   f"the summary describes the run; the groups to train on are in the JSONL file it names "
+                   f"({block}.{key})")
 
 
 def _read_named_dataset(name, split) -> tuple[AdmittedCorpus, dict]:
@@ -197,10 +236,12 @@ def snapshot_discard(job) -> bool:
     return True
 
 
-def _check_checkpoint(value: str, output_name: str) -> None:
+def _check_checkpoint(value: str, output_name: str, corpus: AdmittedCorpus, source_kind: str) -> None:
     """Refuse at submission what the GPU worker would refuse at dequeue anyway: a checkpoint that is
-    not in the adapter registry, or one of another adapter. (The worker still re-validates every file
-    and the whole identity: data, config, base model, tokenizer.)"""
+    not in the adapter registry, one of another adapter, or one trained on other data (the worker's
+    `check_resumable` compares the manifest's data.source_kind and data.content_sha256 with the job's
+    training_data source and admitted_corpus_sha256). The worker still re-validates every file and
+    the whole identity: config, base model, tokenizer."""
     registry = settings.KILN.layout.adapters
     path = settings.KILN.layout.checkpoint(value)
     manifest_path = path / CHECKPOINT_MANIFEST if path else None
@@ -211,13 +252,41 @@ def _check_checkpoint(value: str, output_name: str) -> None:
                         hint="name a checkpoint the job detail's latest_checkpoint shows, e.g. "
                              "<adapter>-checkpoint-step-00000025.kiln-checkpoint")
     try:
-        owner = json.loads(manifest_path.read_text()).get("adapter_name")
-    except (OSError, ValueError, AttributeError):
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
         return  # unreadable: the worker names why (checkpoint_invalid)
+    if not isinstance(manifest, dict):
+        return
+    owner = manifest.get("adapter_name")
     if isinstance(owner, str) and owner != output_name:
         raise KilnError("checkpoint_adapter_mismatch", f"config.resume_checkpoint: checkpoint {path.name} belongs to "
                         f"adapter {owner!r}, not {output_name!r}", status=409, field="config.resume_checkpoint",
                         hint=f"an exact resume continues the same run: set output_name {owner!r}")
+    _check_checkpoint_data(path.name, manifest.get("data"), corpus, source_kind)
+
+
+# training_data.source (a checkpoint's data.source_kind) -> how the request sent its groups.
+SOURCE_ROUTES = {"inline": "inline groups", "dataset_path": "dataset_path", "named_dataset": "a named dataset"}
+
+
+def _check_checkpoint_data(name: str, data, corpus: AdmittedCorpus, source_kind: str) -> None:
+    """The checkpoint's run must have trained on these very bytes, sent the same way."""
+    if not isinstance(data, dict) or not isinstance(data.get("content_sha256"), str):
+        return  # no data record: the worker names why (checkpoint_invalid)
+    recorded_kind, recorded_sha = data.get("source_kind"), data["content_sha256"]
+    if recorded_sha == corpus.sha256 and recorded_kind == source_kind:
+        return
+    if recorded_sha == corpus.sha256:
+        was, now = (SOURCE_ROUTES.get(k, str(k)) for k in (recorded_kind, source_kind))
+        what = f"the same data sent as {was}, not {now}"
+        fix = f"send it as that run did ({was})"
+    else:
+        what = f"other data ({recorded_sha}; this request's is {corpus.sha256})"
+        fix = "send the exact file that run trained on, unchanged"
+    raise KilnError("checkpoint_source_mismatch", f"config.resume_checkpoint: checkpoint {name} was trained on "
+                    f"{what}", status=409, field="config.resume_checkpoint",
+                    hint=f"a resume continues the same run on the same data: {fix}, or leave resume_checkpoint out "
+                         "to start a new run on this data")
 
 
 def _checkpoint_seed(value: str) -> int | None:
@@ -293,7 +362,7 @@ def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmiss
     output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     validate_adapter_name(output_name, field="config.output_name")
     if config.resume_checkpoint:
-        _check_checkpoint(config.resume_checkpoint, output_name)
+        _check_checkpoint(config.resume_checkpoint, output_name, corpus, provenance["source"])
     if config.seed is None and config.resume_checkpoint:
         config = config.with_seed(_checkpoint_seed(config.resume_checkpoint) or resolve_effective_seed(config))
     seed = resolve_effective_seed(config)
@@ -322,6 +391,7 @@ def grpo_dry_run(*, body: dict) -> dict:
         "effective_seed": str(admission.seed), "effective_config": effective.to_dict(),
         "config_sources": admission.config_sources,
         "ignored_config_keys": sorted(effective.ignored_keys),
+        "warnings": ignored_key_warnings(sorted(effective.ignored_keys)),
         "training_data": {**admission.provenance, "admitted_corpus_sha256": admission.corpus.sha256,
                           "rows": len(groups), "rollouts": admission.corpus.rollouts},
         "groups_with_reward_contrast": with_contrast,

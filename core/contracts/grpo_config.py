@@ -10,6 +10,7 @@ default filled in; `from_dict(to_dict())` gives an equal config.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "KlReferencePolicy",
     "LossConfig",
     "OptimizerConfig",
+    "ignored_key_warnings",
     "resolve_effective_seed",
 ]
 
@@ -58,6 +60,9 @@ REWARD_FILTER_ON_EMPTY = ("fail", "train-all", "skip")
 # alpha/rank above this is refused unless allow_high_lora_scale (the reference's safety limit).
 MAX_LORA_ALPHA_OVER_RANK = 2.0
 MAX_SEED = 2**64 - 1
+# Past 1 a LoRA step overshoots so far that its weights go inf/NaN (the run fails nan_loss after a
+# full queue wait). The largest rate the docs and tests use is 0.2, 2000x the Muon default.
+MAX_LEARNING_RATE = 1.0
 
 _NESTED = {"optimizer", "kl_reference_policy", "loss"}
 
@@ -150,10 +155,16 @@ class GrpoConfig:
             if not isinstance(getattr(self, name), expected[name]):
                 raise GrpoConfigError(name, f"must be a {expected[name].__name__}")
 
-        if self.learning_rate is not None:
+        if self.learning_rate is not None:  # None: the optimizer's default (resolved_learning_rate)
             set_("learning_rate", check_number("learning_rate", self.learning_rate))
             if self.learning_rate <= 0:
                 raise GrpoConfigError("learning_rate", f"must be > 0, got {self.learning_rate}")
+            if self.learning_rate > MAX_LEARNING_RATE:
+                raise GrpoConfigError(
+                    "learning_rate", f"must be within (0, {MAX_LEARNING_RATE:g}], got {self.learning_rate:g}",
+                    hint="the optimizers' defaults are 1e-4 (muon) and 1e-5 (adam_w, sgd) at lora_alpha/lora_rank "
+                         "2: leave learning_rate out, or null, to use them",
+                )
         check_choice("behavior_policy", self.behavior_policy, BEHAVIOR_POLICIES)
         check_choice("is_level", self.is_level, IS_LEVELS)
         set_(
@@ -360,3 +371,19 @@ def resolve_effective_seed(config: GrpoConfig) -> int:
     """The seed a run uses: the configured one, else a fresh random u64 to record and return
     (the API reports it as the decimal string `effective_seed`)."""
     return config.seed if config.seed is not None else secrets.randbits(64)
+
+
+def ignored_key_warnings(keys) -> list[str]:
+    """A warning per key `from_dict` ignored (its `ignored_keys`), with the closest field's name:
+    unknown keys are accepted (spec §3), but a misspelt one (behavior_polcy) silently leaves its
+    field at the default, so the submitter is told."""
+    fields = {"": [f.name for f in dataclasses.fields(GrpoConfig) if f.name != "ignored_keys"],
+              "loss.": [f.name for f in dataclasses.fields(LossConfig)]}
+    out = []
+    for key in keys:
+        prefix = "loss." if key.startswith("loss.") else ""
+        close = difflib.get_close_matches(key.removeprefix(prefix), fields[prefix], n=1)
+        what = "a field of config.loss" if prefix else "a GRPO config field"
+        guess = f" (did you mean {prefix}{close[0]}?)" if close else ""
+        out.append(f"config.{key} is not {what} and was ignored{guess}")
+    return out

@@ -9,6 +9,7 @@ adapter atomically with its receipt inside.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from pathlib import Path
 
@@ -162,6 +163,8 @@ class RunOutputs:
 
     def _write_failure(self, reason: str, message: str) -> tuple[dict, Path]:
         norms = adapter_io.lora_delta_norms(self.peft) if self.peft is not None else []
+        # A nan_loss run's weights may be inf/NaN: null, so that its receipt is still JSON and is written.
+        norms = [dict(n, norm=n["norm"] if math.isfinite(n["norm"]) else None) for n in norms]
         receipt = self._receipt("failed", (reason, message), None, norms=norms)
         path = self._failure_path()
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,14 @@ from gpu_runtime.kernels import selection
 # micro-batches within it, whose activations reuse each other's memory.
 MICRO_BATCH_ACTIVATIONS = 2**23
 
+NAN_LOSS_HINT = ("lower config.learning_rate (null picks the optimizer's default for the LoRA scale), and check "
+                 "that the rewards are finite and of a sane scale")
+
+
+def nan_loss(message: str) -> TrainingError:
+    """The run's failure when the loss, the gradient or the weights stop being finite (spec §2.9 nan_loss)."""
+    return TrainingError("nan_loss", message, failure_reason="nan_loss", hint=NAN_LOSS_HINT)
+
 
 @dataclass
 class GroupTensors:
@@ -332,9 +340,7 @@ class GroupStepper:
         for part in parts:
             loss, stats = self._forward_and_loss(tensors, reference, part, divisor)
             if not torch.isfinite(loss):
-                raise TrainingError(
-                    "nan_loss", f"the loss is {loss.item()} (not finite)", failure_reason="nan_loss"
-                )
+                raise nan_loss(f"the loss is {loss.item()} (not finite)")
             started = time.perf_counter()
             loss.backward()
             self._time("backward_ms", started)
@@ -343,8 +349,13 @@ class GroupStepper:
         started = time.perf_counter()
         grad_norm = self._grad_norm()
         if grad_norm != grad_norm or grad_norm == float("inf"):
-            raise TrainingError("nan_loss", "the gradient is not finite", failure_reason="nan_loss")
+            raise nan_loss("the gradient is not finite")
         self.optimizer.step()  # gradients are cleared before the next backward
+        # A step this large (a huge learning rate) leaves inf/NaN weights: the next step's loss would
+        # be NaN, and after the last step the run would publish them (their norms are not even JSON).
+        if not self._weights_finite():
+            raise nan_loss(f"the optimizer step at learning_rate {self.config.resolved_learning_rate:g} made the "
+                           "adapter's weights non-finite")
         self._time("optimizer_ms", started)
         return StepRecord(stats=stats, grad_norm=grad_norm, completions=len(rows))
 
@@ -392,6 +403,12 @@ class GroupStepper:
             token_total=token_total,
         )
         return grpo_loss(batch, self.config, kernels=self.kernels)
+
+    def _weights_finite(self) -> bool:
+        """Whether every trainable tensor is finite, with one host sync (not one per tensor)."""
+        flat = getattr(self.optimizer, "flat", None)  # the flat optimizers hold every value in one buffer
+        tensors = [flat.values] if flat is not None else self.grad_tensors
+        return not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
     def _grad_norm(self) -> float:
         flat_norm = getattr(self.optimizer, "grad_norm", None)

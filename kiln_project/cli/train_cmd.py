@@ -262,6 +262,8 @@ def run(args) -> int:
     client = KilnClient(args.url)
     if args.train_command == "grpo":
         response = _submit_grpo(client, args)
+        for warning in response.get("warnings") or []:  # e.g. a misspelt config key the server ignored
+            print(f"kiln: warning: {warning}", file=sys.stderr)
         if response.get("dry_run"):  # a plan, not a job (--dry-run, or "dry_run": true in the request file)
             if args.json:
                 print_json(response)

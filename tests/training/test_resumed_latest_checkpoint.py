@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from core.contracts.groups import admit_groups
 from core.jobs.models import Job, JobState
 from tests.training.conftest import GROUP
 
@@ -28,7 +29,8 @@ def _checkpoint(settings, step: int):
     manifest = {"adapter_name": "math-r001", "checkpoint_id": f"math-r001-step-{step:08d}-abc",
                 "training_kind": "grpo", "created_at": "2025-01-01T00:00:00Z", "effective_config": {"seed": "7"},
                 "progress": {"global_step": step, "total_steps": 8, "epoch_index": 0, "cursor_in_epoch": step},
-                "data": {"source_kind": "inline_groups", "content_sha256": "sha256:" + "0" * 64, "item_count": 1}}
+                # the data the test resumes on: admission refuses a checkpoint of other data
+                "data": {"source_kind": "inline", "content_sha256": admit_groups([GROUP]).sha256, "item_count": 1}}
     (folder / "checkpoint_manifest.json").write_text(json.dumps(manifest))
     return folder
 
