@@ -30,7 +30,7 @@ from core.contracts.groups import (
     admit_jsonl,
     check_corpus_size,
 )
-from core.contracts.grpo_config import GrpoConfig, ignored_key_warnings, resolve_effective_seed
+from core.contracts.grpo_config import GrpoConfig, comparable_config, ignored_key_warnings, resolve_effective_seed
 from core.contracts.grpo_submission import DRY_RUN_MODE, GrpoSubmission
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
@@ -289,6 +289,28 @@ def _check_checkpoint_data(name: str, data, corpus: AdmittedCorpus, source_kind:
                          "to start a new run on this data")
 
 
+def _check_checkpoint_config(value: str, effective: GrpoConfig) -> None:
+    """The worker's `checkpoint_config_mismatch`, before queueing: a resume trains with the config the
+    checkpoint's run had (only how-to-run fields may differ: comparable_config)."""
+    path = settings.KILN.layout.checkpoint(value)
+    try:
+        recorded = json.loads((path / CHECKPOINT_MANIFEST).read_text())["effective_config"] if path else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # unreadable: the worker names why (checkpoint_invalid)
+    if not isinstance(recorded, dict):
+        return
+    old, new = comparable_config(recorded), comparable_config(effective.to_dict())
+    if not set(new) <= set(old):
+        return  # not a whole effective config: the worker names what is wrong with the checkpoint
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if changed:
+        shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:4])
+        raise KilnError("checkpoint_config_mismatch", f"config.resume_checkpoint: checkpoint {path.name} was trained "
+                        f"with another config ({shown})", status=409, field="config.resume_checkpoint",
+                        hint="a resume continues the same run with the same config: resend the interrupted job's "
+                             "request with resume_checkpoint set (kiln train resume --job-id ID does it)")
+
+
 def _checkpoint_seed(value: str) -> int | None:
     """The effective seed the checkpoint's run used: a resume without a seed inherits it (an exact
     resume needs the same one). None when the checkpoint cannot be read; the worker then names why."""
@@ -366,9 +388,12 @@ def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmiss
     if config.seed is None and config.resume_checkpoint:
         config = config.with_seed(_checkpoint_seed(config.resume_checkpoint) or resolve_effective_seed(config))
     seed = resolve_effective_seed(config)
+    effective = config.with_seed(seed)
+    if config.resume_checkpoint:
+        _check_checkpoint_config(config.resume_checkpoint, effective)
     return GrpoAdmission(submission=submission, config_sources=config_sources, server_defaults=server_defaults,
                          corpus=corpus, provenance=provenance, suite_pin=suite_pin, output_name=output_name,
-                         effective=config.with_seed(seed), seed=seed)
+                         effective=effective, seed=seed)
 
 
 def grpo_dry_run(*, body: dict) -> dict:

@@ -46,6 +46,7 @@ __all__ = [
     "KlReferencePolicy",
     "LossConfig",
     "OptimizerConfig",
+    "comparable_config",
     "ignored_key_warnings",
     "resolve_effective_seed",
 ]
@@ -371,6 +372,16 @@ def resolve_effective_seed(config: GrpoConfig) -> int:
     """The seed a run uses: the configured one, else a fresh random u64 to record and return
     (the API reports it as the decimal string `effective_seed`)."""
     return config.seed if config.seed is not None else secrets.randbits(64)
+
+
+# A resume must be the same run (spec §3.2): it compares effective configs without the fields that
+# only say how to run, not what to train. The GPU worker checks it (gpu_runtime.grpo.checkpoint) and
+# admission refuses the same request before it queues (training.services).
+CONFIG_KEYS_IGNORED_ON_RESUME = ("resume_checkpoint", "checkpoint_interval", "auto_load")
+
+
+def comparable_config(config_dict: dict) -> dict:
+    return {k: v for k, v in config_dict.items() if k not in CONFIG_KEYS_IGNORED_ON_RESUME}
 
 
 def ignored_key_warnings(keys) -> list[str]:

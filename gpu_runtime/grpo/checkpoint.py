@@ -39,6 +39,7 @@ from core.artifacts import (
     hidden_sibling,
     json_bytes,
 )
+from core.contracts.grpo_config import comparable_config
 from core.errors import space_exhausted_error
 from gpu_runtime.grpo.errors import CheckpointError
 from gpu_runtime.identity import file_sha256
@@ -73,8 +74,6 @@ MANIFEST_KEYS = {
     "auxiliary_state",
     "files",
 }
-# Resume compares effective configs without the fields that only say how to run, not what to train.
-CONFIG_KEYS_IGNORED_ON_RESUME = ("resume_checkpoint", "checkpoint_interval", "auto_load")
 _NAME = re.compile(r"^(?P<adapter>.+)-checkpoint-step-(?P<step>\d{8})\.kiln-checkpoint$")
 
 
@@ -351,10 +350,6 @@ def load_checkpoint(path: Path) -> tuple[dict, CheckpointState]:
     except Exception as exc:  # noqa: BLE001 - any unreadable state file
         bad(f"state files do not load: {exc}")
     return manifest, state
-
-
-def comparable_config(config_dict: dict) -> dict:
-    return {k: v for k, v in config_dict.items() if k not in CONFIG_KEYS_IGNORED_ON_RESUME}
 
 
 def check_resumable(

@@ -32,6 +32,11 @@ def add_parser(subparsers, common) -> None:
     status = sub.add_parser("status", parents=[common], help="training jobs, or one job")
     status.add_argument("--job-id")
     status.add_argument("--follow", action="store_true")
+    resume = sub.add_parser("resume", parents=[common],
+                            help="resume an interrupted or cancelled training job from its latest checkpoint")
+    resume.add_argument("--job-id", required=True)
+    resume.add_argument("--checkpoint", help="the checkpoint to resume from (default: the job's latest_checkpoint)")
+    resume.add_argument("--follow", action="store_true", help="wait for a terminal state with a progress bar")
     cancel = sub.add_parser("cancel", parents=[common], help="cancel a queued or running training job")
     cancel.add_argument("--job-id", required=True)
     train.set_defaults(handler=run)
@@ -202,9 +207,10 @@ def detail_lines(detail: dict) -> list[str]:
     if isinstance(checkpoint, dict) and checkpoint.get("resume_checkpoint"):
         name = checkpoint["resume_checkpoint"]
         step = checkpoint.get("global_step") or (checkpoint.get("progress") or {}).get("global_step")
+        how = (f"kiln train resume --job-id {detail.get('job_id')}" if detail.get("replay_request") else
+               f"the same request again (its groups, config and post_eval) with config.resume_checkpoint {name}")
         lines.append(f"{'checkpoint':14} {name}" + (f" (step {step})" if step is not None else "")
-                     + f"; resume with: kiln train grpo --file FILE --adapter {detail.get('adapter_name')} "
-                     f"--resume-checkpoint {name}")
+                     + f"; resume with: {how}")
     elif detail.get("checkpoint_error"):
         lines.append(f"{'checkpoint':14} none usable: {detail['checkpoint_error']}")
     for evidence in detail.get("post_eval_gate_evidence") or []:
@@ -258,6 +264,25 @@ def _dry_run_text(plan: dict) -> str:
             f"({plan.get('groups_without_reward_contrast')} all-equal, dropped by dynamic sampling)")
 
 
+def resume_request(detail: dict, checkpoint: str | None) -> tuple[str, dict]:
+    """(route, body) that resumes a job: its own request (replay_request: the same source, effective
+    config with its seed, and post_eval) with config.resume_checkpoint. A resume must be the same run
+    (the server refuses another config or other data), so nothing here is rebuilt from flags."""
+    replay = detail.get("replay_request")
+    name = checkpoint or (detail.get("latest_checkpoint") or {}).get("resume_checkpoint")
+    if not name:
+        raise CliError("checkpoint_not_found", f"training job {detail.get('job_id')} has no checkpoint to resume from",
+                       "set config.checkpoint_interval so a run writes checkpoints; this one can only run again")
+    if not replay:
+        raise CliError("resume_needs_the_request", f"training job {detail.get('job_id')} was sent its groups inline; "
+                       "the server keeps them only as a private snapshot",
+                       f"send the same request again (its groups, config and post_eval) with "
+                       f"config.resume_checkpoint {name}")
+    body = dict(replay["body"])
+    body["config"] = {**body["config"], "resume_checkpoint": name}
+    return replay["route"], body
+
+
 def run(args) -> int:
     client = KilnClient(args.url)
     if args.train_command == "grpo":
@@ -279,6 +304,13 @@ def run(args) -> int:
         else:
             print(f"queued {response['job_id']} (effective seed {response['effective_seed']})")
         return 0
+    if args.train_command == "resume":
+        detail = client.get(api_path("/v1/train/jobs", job_id_arg(args.job_id, "training job")))
+        route, body = resume_request(detail, args.checkpoint)
+        response = client.post(route, json=body)
+        print(f"queued {response['job_id']}: resumes {detail.get('adapter_name')} from "
+              f"{body['config']['resume_checkpoint']}", flush=True)
+        return _final(follow_training(client, response["job_id"]), args.json) if args.follow else 0
     if args.train_command == "cancel":
         response = client.delete(api_path("/v1/train/queue", job_id_arg(args.job_id, "training job")))
         print_json(response) if args.json else print(f"{response['status']} {response['job_id']}")

@@ -185,3 +185,75 @@ def test_kiln_train_grpo_prints_the_warnings(api, monkeypatch, capsys, tmp_path)
     assert code == 0 and out.startswith("queued ")
     assert ("kiln: warning: config.behavior_polcy is not a GRPO config field and was ignored (did you mean "
             "behavior_policy?)\n") in err
+
+
+def test_a_resume_with_another_config_is_refused_before_it_queues(api, settings):
+    """The soak's case: `kiln train grpo --file ... --resume-checkpoint` of a recorded-policy run sent
+    no_importance_correction and no base adapter; it was queued and failed checkpoint_config_mismatch."""
+    from core.contracts.grpo_config import GrpoConfig
+    from core.contracts.groups import admit_groups
+
+    folder = settings.KILN.layout.adapters / "cfg-r001-checkpoint-step-00000002.kiln-checkpoint"
+    folder.mkdir(parents=True)
+    recorded = GrpoConfig.from_dict({"output_name": "cfg-r001", "seed": 7, "kl_coeff": 0.3}).to_dict()
+    (folder / "checkpoint_manifest.json").write_text(json.dumps({
+        "adapter_name": "cfg-r001", "checkpoint_id": "cfg-r001-step-00000002-abc", "effective_config": recorded,
+        "data": {"source_kind": "inline", "content_sha256": admit_groups([GROUP]).sha256, "item_count": 1}}))
+    body = {"groups": [GROUP], "config": {"output_name": "cfg-r001", "seed": 7, "resume_checkpoint": folder.name}}
+    response = api.post("/v1/train/grpo", data=json.dumps(body), content_type="application/json")
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["code"] == "checkpoint_config_mismatch" and "kl_coeff: 0.3 -> 0.1" in error["message"]
+    assert "kiln train resume" in error["hint"]
+    assert not Job.objects.filter(kind="training.grpo").exists()
+    same = {**body, "config": {**body["config"], "kl_coeff": 0.3, "checkpoint_interval": 5}}  # how-to-run may differ
+    assert api.post("/v1/train/grpo", data=json.dumps(same), content_type="application/json").status_code == 200
+
+
+def test_kiln_train_resume_resends_the_jobs_own_request_with_its_checkpoint(api, settings, tmp_path):
+    """`kiln train status` told an interrupted recorded-policy run to resume with `kiln train grpo --file`,
+    which drops behavior_policy, base_adapter and post_eval: refused (or worse, a resume without its
+    gate). `kiln train resume` sends the job's replay_request with config.resume_checkpoint."""
+    from core.contracts.groups import admit_jsonl
+    from core.jobs.models import JobState
+    from kiln_project.cli.train_cmd import detail_lines, resume_request
+
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(json.dumps(GROUP) + "\n" + json.dumps(OTHER) + "\n")
+    body = {"dataset_path": str(path), "config": {"output_name": "res-r001", "kl_coeff": 0.3, "checkpoint_interval": 1}}
+    first = api.post("/v1/train/grpo", data=json.dumps(body), content_type="application/json").json()
+    job = Job.objects.get(uuid=first["job_id"])
+    folder = settings.KILN.layout.adapters / "res-r001-checkpoint-step-00000001.kiln-checkpoint"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint_manifest.json").write_text(json.dumps({
+        "adapter_name": "res-r001", "checkpoint_id": "res-r001-step-00000001-abc", "training_kind": "grpo",
+        "created_at": "2026-12-05T00:00:00Z", "effective_config": job.payload["config"],
+        "progress": {"global_step": 1, "total_steps": 2, "epoch_index": 0, "cursor_in_epoch": 1},
+        "data": {"source_kind": "dataset_path", "content_sha256": admit_jsonl(path.read_bytes()).sha256, "item_count": 2}}))
+    Job.objects.filter(id=job.id).update(state=JobState.FAILED, error_code="job_interrupted",
+                                         metrics={"latest_checkpoint": str(folder)})
+    from adapters.models import Adapter
+
+    Adapter.objects.filter(name="res-r001").delete()  # the interrupted job's reservation is released
+    detail = api.get(f"/v1/train/jobs/{job.uuid}").json()
+    assert f"resume with: kiln train resume --job-id {job.uuid}" in "\n".join(detail_lines(detail))
+    route, resumed = resume_request(detail, None)
+    assert resumed["config"]["resume_checkpoint"] == folder.name and resumed["config"]["kl_coeff"] == 0.3
+    response = api.post(route, data=json.dumps(resumed), content_type="application/json")
+    assert response.status_code == 200, response.content
+    again = Job.objects.get(uuid=response.json()["job_id"])
+    assert again.payload["config"]["seed"] == job.payload["config"]["seed"]
+
+
+def test_kiln_train_resume_of_inline_groups_or_without_a_checkpoint_says_what_to_do():
+    from kiln_project.cli.client import CliError
+    from kiln_project.cli.train_cmd import resume_request
+
+    checkpoint = {"resume_checkpoint": "x-checkpoint-step-00000001.kiln-checkpoint"}
+    with pytest.raises(CliError) as inline:
+        resume_request({"job_id": "j", "replay_request": None, "latest_checkpoint": checkpoint}, None)
+    assert inline.value.code == "resume_needs_the_request" and checkpoint["resume_checkpoint"] in inline.value.hint
+    with pytest.raises(CliError) as none:
+        resume_request({"job_id": "j", "replay_request": {"route": "/v1/train/grpo", "body": {"config": {}}},
+                        "latest_checkpoint": None}, None)
+    assert none.value.code == "checkpoint_not_found"
