@@ -236,12 +236,26 @@ def _final(status: dict, as_json: bool) -> int:
     return 0
 
 
+def _note_unused_provenance(body: dict) -> None:
+    """The command's default policy ignores the recorded provenance rollout-generate writes; say so,
+    since the guide's recorded-policy workflow needs behavior_policy recorded in a request."""
+    groups = body.get("groups") if isinstance(body.get("groups"), list) else []
+    config = body.get("config") if isinstance(body.get("config"), dict) else {}
+    recorded = any(isinstance(c, dict) and "provenance" in c for g in groups[:50] if isinstance(g, dict)
+                   for c in (g.get("completions") or []) if isinstance(g.get("completions"), list))
+    if recorded and "behavior_policy" not in config:
+        print("kiln: note: these rollouts carry recorded provenance, which this command does not use "
+              "(it trains with no_importance_correction); to train with behavior_policy recorded, send a "
+              "request (POST /v1/train/grpo, or a request file with config.behavior_policy)", file=sys.stderr)
+
+
 def _submit_grpo(client: KilnClient, args) -> dict:
     """A file of groups goes by the streamed route, as the guide says: the server reads the file
     (`dataset_path`), admits the whole corpus and pins a snapshot. When the server cannot read it
     (another machine, or outside its dataset roots) the groups go inline instead, and a note says so.
     A request file (an object with a source) is sent as written."""
     body, groups_jsonl = load_request(args.file)
+    _note_unused_provenance(body)
     inline = _with_config(body, args)
     if not groups_jsonl:  # a request object or a JSON batch (list) is sent as written
         return client.post("/v1/train/grpo", json=inline)

@@ -117,3 +117,15 @@ def test_dry_run_sends_the_flag_and_prints_the_plan_not_a_job(tmp_path, monkeypa
     assert sent[0]["dry_run"] is True
     out = capsys.readouterr().out
     assert out.startswith("dry run: valid; nothing queued. It would publish inl-3 (effective seed 7) from 1 groups")
+
+
+def test_rollouts_with_provenance_get_a_note_that_the_command_does_not_use_it(tmp_path, capsys):
+    recorded = {**GROUP, "completions": [{**c, "provenance": {"schema": "kiln.rollout-provenance.v1"}}
+                                         for c in GROUP["completions"]]}
+    path = tmp_path / "r.rollouts.jsonl"
+    path.write_text(json.dumps(recorded) + "\n")
+    _submit_grpo(Client(), _args(path))
+    assert "carry recorded provenance, which this command does not use" in capsys.readouterr().err
+    path.write_text(json.dumps(GROUP) + "\n")
+    _submit_grpo(Client(), _args(path))
+    assert capsys.readouterr().err == ""
