@@ -6,7 +6,6 @@ and the CLI prints it on one line.
 
 from __future__ import annotations
 
-
 # A message quotes what the client sent (a name, a value): bounded, as a client may send megabytes
 # and the answer would repeat them all. Long enough for every message Kiln writes itself.
 MAX_MESSAGE_CHARS = 2000

@@ -30,7 +30,12 @@ from core.contracts.groups import (
     admit_jsonl,
     check_corpus_size,
 )
-from core.contracts.grpo_config import GrpoConfig, comparable_config, ignored_key_warnings, resolve_effective_seed
+from core.contracts.grpo_config import (
+    GrpoConfig,
+    comparable_config,
+    ignored_key_warnings,
+    resolve_effective_seed,
+)
 from core.contracts.grpo_submission import DRY_RUN_MODE, GrpoSubmission
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError

@@ -190,8 +190,8 @@ def test_kiln_train_grpo_prints_the_warnings(api, monkeypatch, capsys, tmp_path)
 def test_a_resume_with_another_config_is_refused_before_it_queues(api, settings):
     """The soak's case: `kiln train grpo --file ... --resume-checkpoint` of a recorded-policy run sent
     no_importance_correction and no base adapter; it was queued and failed checkpoint_config_mismatch."""
-    from core.contracts.grpo_config import GrpoConfig
     from core.contracts.groups import admit_groups
+    from core.contracts.grpo_config import GrpoConfig
 
     folder = settings.KILN.layout.adapters / "cfg-r001-checkpoint-step-00000002.kiln-checkpoint"
     folder.mkdir(parents=True)
