@@ -248,6 +248,11 @@ def test_train_status_prints_the_gates_evidence():
                "latest_checkpoint": {"resume_checkpoint": "math-r001-checkpoint-step-00000025.kiln-checkpoint",
                                      "global_step": 25},
                "states": {"training": {"state": "failed", "at": "T5"}, "evaluation": None, "activation": None}}
+    # Inline groups (no replay_request): the same request again with the checkpoint; a file or a named
+    # dataset: kiln train resume, which resends the job's own request.
+    assert ("checkpoint     math-r001-checkpoint-step-00000025.kiln-checkpoint (step 25); resume with: the same "
+            "request again (its groups, config and post_eval) with config.resume_checkpoint "
+            "math-r001-checkpoint-step-00000025.kiln-checkpoint") in detail_lines(stopped)
+    replayable = {**stopped, "replay_request": {"route": "/v1/train/grpo", "body": {"dataset_path": "/x", "config": {}}}}
     assert ("checkpoint     math-r001-checkpoint-step-00000025.kiln-checkpoint (step 25); resume with: kiln train "
-            "grpo --file FILE --adapter math-r001 --resume-checkpoint math-r001-checkpoint-step-00000025.kiln-checkpoint"
-            ) in detail_lines(stopped)
+            "resume --job-id j3") in detail_lines(replayable)
