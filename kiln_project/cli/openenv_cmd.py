@@ -29,12 +29,16 @@ from pathlib import Path
 
 from kiln_project.cli import openenv_run_text, openenv_runs_cmd
 from kiln_project.cli.client import CliError
+from kiln_project.cli.openenv_artifact_paths import artifact_paths
+from kiln_project.cli.openenv_interrupted import CollectionTally, interrupted_error
 from kiln_project.cli.output import check_output_path, print_json
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def add_parser(subparsers, common) -> None:
+    from kiln_project.cli.rollout_cmd import finite_float
+
     openenv = subparsers.add_parser("openenv", help="OpenEnv environments: inspect, collect, persisted runs")
     sub = openenv.add_subparsers(dest="openenv_command", required=True)
     inspect = sub.add_parser("inspect", parents=[common], help="check /health and read the discovery documents")
@@ -53,24 +57,9 @@ def add_parser(subparsers, common) -> None:
     replay.add_argument("--credential-env", action="append", default=[], metavar="VAR",
                         help="bearer token variable per recorded environment, in order; - = public")
     replay.add_argument("--concurrency", type=_positive, default=4)
-    replay.add_argument("--capacity-wait-seconds", type=_finite_float, default=300.0)
+    replay.add_argument("--capacity-wait-seconds", type=finite_float, default=300.0)
     openenv_runs_cmd.add_parsers(sub, common)  # start, runs, status, artifact, cancel: the server's runs
     openenv.set_defaults(handler=run)
-
-
-def _finite_float(value: str) -> float:
-    """A float option that refuses nan and inf at parsing: a bound check (`not low <= x <= high`) lets nan
-    through to the collector, whose refusal then reads as a fault of the environment."""
-    import argparse
-    import math
-
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
-    return number
 
 
 def _positive(value: str) -> int:
@@ -82,7 +71,7 @@ def _positive(value: str) -> int:
 def collection_args(parser) -> None:
     """The collection flags `rollout` (here, collected locally) and `train` (openenv_runs_cmd.py, collected
     by the server) share: groups and seeds, reset options, episode limits, sampling, error handling."""
-    from kiln_project.cli.rollout_cmd import parse_bool, parse_budget, positive_int
+    from kiln_project.cli.rollout_cmd import finite_float, parse_bool, parse_budget, positive_int
 
     parser.add_argument("--groups", type=positive_int, default=8)
     parser.add_argument("--group-size", type=positive_int, default=4)
@@ -94,12 +83,12 @@ def collection_args(parser) -> None:
     parser.add_argument("--max-steps", type=positive_int, default=8)
     parser.add_argument("--concurrency", type=positive_int, default=4)
     parser.add_argument("--max-action-tokens", type=positive_int, default=256)
-    parser.add_argument("--temperature", type=_finite_float, default=1.0)
+    parser.add_argument("--temperature", type=finite_float, default=1.0)
     parser.add_argument("--thinking", type=parse_bool, default=True, metavar="BOOL", help="default true")
     parser.add_argument("--thinking-budget-tokens", type=parse_budget, default=None, metavar="N|unlimited")
-    parser.add_argument("--protocol-error-reward", type=_finite_float, default=-1.0)
+    parser.add_argument("--protocol-error-reward", type=finite_float, default=-1.0)
     parser.add_argument("--max-recoverable-errors", type=int, default=3)
-    parser.add_argument("--capacity-wait-seconds", type=_finite_float, default=300.0)
+    parser.add_argument("--capacity-wait-seconds", type=finite_float, default=300.0)
 
 
 def _rollout_args(sub, common) -> None:
@@ -313,47 +302,6 @@ def _kiln_post(client):
     return post
 
 
-class _Tally:
-    """Counts finished episodes and complete groups from the collector's progress callback (labels
-    `group G candidate C`), passing each call on to the progress bar, if any."""
-
-    _LABEL = re.compile(r"^group (\d+) candidate \d+$")
-
-    def __init__(self, groups: int, group_size: int, forward=None):
-        self.groups, self.group_size, self.forward = groups, group_size, forward
-        self.episodes, self.total = 0, groups * group_size
-        self.per_group: dict[int, int] = {}
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        self.episodes, self.total = done, total
-        match = self._LABEL.match(label)
-        if match:
-            group = int(match.group(1))
-            self.per_group[group] = self.per_group.get(group, 0) + 1
-        if self.forward is not None:
-            self.forward(done, total, label)
-
-    @property
-    def complete_groups(self) -> int:
-        return sum(1 for count in self.per_group.values() if count >= self.group_size)
-
-
-def _interrupted(exc, tally: _Tally) -> CliError:
-    """A collection failure as one line that also says how far the collection got and that nothing was
-    written (publication writes the three files together or none): the client error alone, e.g.
-    `GET /health failed: ConnectError`, does not say that the run stopped, nor what became of the files."""
-    stage = getattr(exc, "stage", None)
-    if stage not in ("collection", "identity_verification") or "nothing was published" in exc.message:
-        return _cli_error(exc)  # before any episode, at publication, or an identity change: the message says enough
-    if stage == "collection":
-        where = (f"the collection was interrupted after {tally.episodes} of {tally.total} episodes "
-                 f"({tally.complete_groups} of {tally.groups} groups complete)")
-    else:
-        where = f"the final check of the environment failed after all {tally.total} episodes"
-    hint = "; ".join(part for part in ((exc.hint or "").rstrip(".; "), "then run kiln openenv rollout again") if part)
-    return CliError(exc.code, f"{exc.message}; {where}; no files were written", hint)
-
-
 def _rollout(args) -> int:
     from kiln_project.cli.client import KilnClient
     from kiln_project.cli.rollout_cmd import REQUEST_TIMEOUT_S
@@ -383,11 +331,11 @@ def _rollout(args) -> int:
         check_output_path(path)  # before any episode: a device, FIFO or missing folder is refused
     policy = ChatCompletionPolicy(_kiln_post(client), adapter=adapter_name(args.adapter))
     bar, progress = _progress()
-    tally = _Tally(config.groups, config.group_size, progress)
+    tally = CollectionTally(config.groups, config.group_size, progress)
     try:
         bundle = asyncio.run(collect_and_publish(config, policy, on_progress=tally))
     except OpenEnvError as exc:
-        raise _interrupted(exc, tally) from None
+        raise interrupted_error(exc, tally) from None
     finally:
         if bar is not None:
             bar.close()
@@ -407,88 +355,6 @@ def _rollout(args) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
-
-
-def _summary_path(args) -> Path:
-    path = args.summary or (Path(args.summary_file) if args.summary_file else None)
-    if path is None:
-        raise CliError("openenv_verification_failed", "give the rollout summary", "kiln openenv verify --summary FILE")
-    if not path.is_file():
-        raise CliError("file_not_found", f"the summary {path} does not exist" if not path.exists()
-                       else f"the summary {path} is not a file",
-                       "give the rollout summary JSON the collection wrote (e.g. openenv.rollout-summary.json)")
-    return path
-
-
-# What a summary may be called, and what `kiln openenv rollout|train|artifact` call the other two files beside
-# it (COLLECTION_OUTPUTS: openenv.rollouts.jsonl, openenv.replay.json, openenv.rollout-summary.json; the
-# README's math-r001.rollouts.jsonl beside math-r001.summary.json).
-SUMMARY_SUFFIXES = (".rollout-summary.json", ".summary.json", ".json")
-DOWNLOAD_SUFFIXES = {"dataset": ".rollouts.jsonl", "replay": ".replay.json"}
-
-
-def _stem(summary: Path) -> str | None:
-    for suffix in SUMMARY_SUFFIXES:
-        if summary.name.endswith(suffix) and len(summary.name) > len(suffix):
-            return summary.name[: -len(suffix)]
-    return None
-
-
-def _given(path: Path | None, what: str) -> Path | None:
-    if path is not None and not path.is_file():
-        raise CliError("file_not_found", f"the {what} {path} does not exist" if not path.exists()
-                       else f"the {what} {path} is not a file", f"give the collection's {what} file")
-    return path
-
-
-def _beside(summary: Path, stored, what: str, flag: str) -> tuple[Path | None, str | None]:
-    """The summary's `what` file to check, and a note when it is not a file beside the summary:
-    1. `<stem>.rollouts.jsonl` / `<stem>.replay.json` beside `<stem>.rollout-summary.json` (or
-       `<stem>.summary.json`): the names downloads and collections give the three files;
-    2. its recorded file name beside the summary (an archived copy of the three, as the README says);
-    3. else the recorded path itself (the collecting machine's or the server's copy), said plainly."""
-    if not isinstance(stored, str) or not stored:
-        return None, None  # verify names the summary's broken field
-    recorded = Path(stored)
-    stem = _stem(summary)
-    if stem is not None:  # the summary's own stem is the more specific match: it wins over a stray file
-        download = summary.parent / (stem + DOWNLOAD_SUFFIXES[what])
-        if download.is_file():
-            return download, None
-    neighbour = summary.parent / recorded.name
-    if neighbour.is_file():
-        return neighbour, None
-    if recorded.is_file():
-        whose = "the server's copy" if "/.openenv/runs/" in recorded.as_posix() else "the copy"
-        return recorded, (f"checked {whose} of the {what} at its recorded path {recorded}, not a file beside the "
-                          f"summary (pass {flag} FILE to check your own)")
-    expected = recorded.name if stem is None else f"{recorded.name} or {stem}{DOWNLOAD_SUFFIXES[what]}"
-    raise CliError("file_not_found", f"the summary's {what} is neither beside {summary} ({expected}) nor at its "
-                   f"recorded path {recorded}", f"pass {flag} FILE")
-
-
-def _artifact_paths(args) -> tuple[Path, Path | None, Path | None, list[str]]:
-    """(summary, dataset, replay, notes) for verify and replay: the files given, else those beside the summary."""
-    summary = _summary_path(args)
-    dataset, replay = _given(args.dataset, "dataset"), _given(args.replay, "replay")
-    notes = []
-    if dataset is None or replay is None:
-        try:
-            recorded = json.loads(summary.read_bytes())
-        except (OSError, ValueError):
-            recorded = None  # verify reports what is wrong with the summary
-        if isinstance(recorded, dict):
-            for what, key, flag in (("dataset", "output_path", "--dataset"), ("replay", "replay_output_path", "--replay")):
-                if (dataset if what == "dataset" else replay) is not None:
-                    continue
-                path, note = _beside(summary, recorded.get(key), what, flag)
-                if what == "dataset":
-                    dataset = path
-                else:
-                    replay = path
-                if note:
-                    notes.append(note)
-    return summary, dataset, replay, notes
 
 
 def _print_notes(notes: list[str], as_json: bool) -> None:
@@ -511,7 +377,7 @@ def _verified(summary: Path, dataset: Path | None, replay: Path | None):
 
 def _verify(args) -> int:
 
-    summary, dataset, replay, notes = _artifact_paths(args)
+    summary, dataset, replay, notes = artifact_paths(args)
     _print_notes(notes, args.json)
     report = _verified(summary, dataset, replay).report
     if args.json:
@@ -528,7 +394,7 @@ def _replay(args) -> int:
     from openenv.client.credentials import credentials_for_urls
     from openenv.replay import replay_async
 
-    summary_path, dataset, replay, notes = _artifact_paths(args)
+    summary_path, dataset, replay, notes = artifact_paths(args)
     _print_notes(notes, args.json)
     summary = _verified(summary_path, dataset, replay).summary
     urls = [e["identity"]["base_url"] for e in summary["environments"]]

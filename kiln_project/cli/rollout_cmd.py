@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from datetime import UTC, datetime
@@ -59,6 +60,18 @@ def parse_budget(value: str, unit: str = "token") -> int | None:
 
 def parse_budget_ms(value: str) -> int | None:
     return parse_budget(value, "millisecond")
+
+
+def finite_float(value: str) -> float:
+    """A float option that refuses nan and inf at parsing: a bound check (`not low <= x <= high`) lets
+    nan through, and the refusal that follows reads as someone else's fault."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    return number
 
 
 def positive_int(value: str) -> int:

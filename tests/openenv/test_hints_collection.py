@@ -75,7 +75,7 @@ def _dying_model(monkeypatch, server, *, stop_at_episode: int):
     monkeypatch.setattr(client_module.KilnClient, "post", post)
 
 
-def test_an_environment_dying_mid_rollout_says_the_collection_was_interrupted(tmp_path, monkeypatch, capsys):
+def test_an_environment_dying_mid_rollout_says_the_collection_wasinterrupted_error(tmp_path, monkeypatch, capsys):
     out = [tmp_path / name for name in ("r.jsonl", "r.replay.json", "r.summary.json")]
     with FakeServer() as server:
         _dying_model(monkeypatch, server, stop_at_episode=3)
@@ -100,18 +100,18 @@ def test_a_failure_before_any_episode_is_not_called_an_interruption(tmp_path, ca
 
 
 def test_a_failed_final_check_says_every_episode_ran_and_nothing_was_written():
-    from kiln_project.cli.openenv_cmd import _interrupted, _Tally
+    from kiln_project.cli.openenv_interrupted import CollectionTally, interrupted_error
 
-    tally = _Tally(2, 2)
+    tally = CollectionTally(2, 2)
     for number, label in enumerate(["group 0 candidate 0", "group 1 candidate 0", "group 0 candidate 1",
                                     "group 1 candidate 1"], start=1):
         tally(number, 4, label)
     assert (tally.episodes, tally.complete_groups) == (4, 2)
     exc = CollectionError("openenv_unavailable", "GET /health failed: ConnectError", stage="identity_verification",
                           failure_code="environment_unavailable", retryable=True)
-    error = _interrupted(exc, tally)
+    error = interrupted_error(exc, tally)
     assert error.message == ("GET /health failed: ConnectError; the final check of the environment failed after "
                              "all 4 episodes; no files were written")
     changed = CollectionError("environment_identity_changed", "x changed during the collection (a); nothing was "
                               "published", stage="identity_verification", hint="collect again")
-    assert _interrupted(changed, tally).message == changed.message  # it already says so
+    assert interrupted_error(changed, tally).message == changed.message  # it already says so
