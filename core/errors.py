@@ -11,6 +11,11 @@ from __future__ import annotations
 MAX_MESSAGE_CHARS = 2000
 
 
+def clip(text: str, limit: int = 80) -> str:
+    """A client's text (a name, a key) as a message quotes it: the request may carry megabytes there."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
 

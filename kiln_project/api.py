@@ -16,7 +16,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
 
 from core.accounts.auth import api_auth, require_api_user
-from core.errors import KilnError, caused_by, error_envelope
+from core.errors import KilnError, caused_by, clip, error_envelope
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +116,8 @@ def _path_text(path) -> str:
     parts = []
     while path is not None:
         path, key = path
-        parts.append(f"[{key}]" if isinstance(key, int) else "." + _echo(key))
+        parts.append(f"[{key}]" if isinstance(key, int) else "." + clip(key))
     return "".join(reversed(parts)).removeprefix(".") or "request"
-
-
-def _echo(text: str, limit: int = 80) -> str:
-    """A client's text as an error message quotes it: bounded, as the client may send megabytes."""
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 api = KilnNinjaAPI(
@@ -187,7 +182,7 @@ def _field_path(loc) -> str:
     source = parts.pop(0) if parts and parts[0] in PARAM_SOURCES else None
     if source == "body" and parts and parts[0] in ("body", "payload"):
         parts.pop(0)
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{_echo(str(p))}" for p in parts).removeprefix(".")
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{clip(str(p))}" for p in parts).removeprefix(".")
 
 
 @api.exception_handler(NinjaValidationError)

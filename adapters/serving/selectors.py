@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from core.errors import KilnError
+from core.errors import KilnError, clip
 from core.jobs.selectors import workers_alive
 
 
@@ -90,11 +90,6 @@ def resident_adapters() -> set[str]:
     return names
 
 
-def _echo(name: str, limit: int = 80) -> str:
-    """A requested name as an error message quotes it: the request may carry megabytes in `adapter`."""
-    return name if len(name) <= limit else name[:limit] + "…"
-
-
 def require_servable_adapter(name: str | None) -> None:
     """404 `adapter_not_found` for a name the registry has not published; 409 `adapter_quarantined` for a
     named adapter whose serving canary failed: it is not served (its bytes may have changed, or it does
@@ -106,13 +101,13 @@ def require_servable_adapter(name: str | None) -> None:
     adapter = Adapter.objects.filter(name=name).only("quarantined", "loaded", "state", "path").first()
     if adapter is None or adapter.state != AdapterState.PUBLISHED or not adapter.path:
         # Known before anything is queued: a stream answers 404 too, not 200 and then an error event.
-        raise KilnError("adapter_not_found", f"no published adapter is named {_echo(name)!r}", status=404,
+        raise KilnError("adapter_not_found", f"no published adapter is named {clip(name)!r}", status=404,
                         hint="list published adapters with GET /v1/adapters; leave adapter out for the active one, "
                              "or send \"base\" for the base model")
     if adapter.quarantined and not adapter.loaded:
         raise KilnError(
             "adapter_quarantined",
-            f"adapter {_echo(name)!r} is quarantined: its serving canary failed, so it is not served",
+            f"adapter {clip(name)!r} is quarantined: its serving canary failed, so it is not served",
             status=409,
             hint=f"see why with `kiln adapters verify {name}` and GET /v1/adapters/{name}/detail (canary); "
             f"serve it anyway with `kiln adapters load {name} --allow-quarantined`",
