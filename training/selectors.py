@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.utils import timezone
 
-from adapters.models import Adapter, AdapterStatus, AdapterTransition
+from adapters.models import Adapter, AdapterStatus, AdapterTransition, PromotionState
 from adapters.selectors import adapter_promotion
 from core.jobs.error_hints import job_error
 from core.jobs.models import Job, JobState
@@ -105,7 +105,23 @@ def _gate_fields(job: Job) -> dict:
         fields["post_eval_verdict"] = (f"the post-training evaluation ended {evaluation.state} before the gate decided "
                                        f"({evaluation.error_code or 'no code'}: {evaluation.error_message or ''}); "
                                        "the adapter stays inactive")
+    elif fields["gate_outcome"] == "promoted" and result.get("promotion_id") is not None:
+        fields["post_eval_verdict"] = _with_promotion_state(fields["post_eval_verdict"], result["promotion_id"])
     return fields
+
+
+def _with_promotion_state(verdict: str | None, promotion_id: int) -> str:
+    """`promoted` is the gate's decision; with the approval policy (or an alarm) a person still decides
+    whether the adapter serves, so the verdict says which promotion waits or how it was decided."""
+    promotion = adapter_promotion(adapter=None, promotion_id=promotion_id)
+    if promotion is None:
+        return verdict or ""
+    if promotion.state == PromotionState.PENDING:
+        note = (f"the gate passed and proposed promotion {promotion.id}: not active until a reviewer approves it "
+                f"(kiln promotions approve {promotion.id} --reason ...)")
+    else:
+        note = f"the gate passed; promotion {promotion.id} was {promotion.state}"
+    return f"{verdict}; {note}" if verdict else note
 
 
 def training_status(job: Job) -> dict:

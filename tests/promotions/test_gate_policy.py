@@ -58,6 +58,25 @@ def test_with_the_policy_a_passed_gate_proposes(home, settings):
     assert Adapter.objects.get(name="cand").loaded
 
 
+def test_the_training_status_says_a_promoted_gate_waits_for_a_reviewer_then_how_it_was_decided(home, settings):
+    from training.selectors import _gate_fields  # the gate half of training_status (no GRPO payload here)
+
+    requester, reviewer, _ = users()
+    result, post = _gate(home, "cand", candidate=0.8, baseline=0.5, user=requester)
+    training = Adapter.objects.get(name="cand").training_job
+    Job.objects.filter(id=training.id).update(result={"post_eval_job_id": str(post.uuid)})
+    Job.objects.filter(id=post.id).update(result=result)
+    promotion_id = result["promotion_id"]
+    status = _gate_fields(Job.objects.get(id=training.id))
+    assert status["gate_outcome"] == "promoted"  # the gate's word; the verdict says a person still decides
+    assert status["post_eval_verdict"] == (
+        f"verdict; the gate passed and proposed promotion {promotion_id}: not active until a reviewer approves it "
+        f"(kiln promotions approve {promotion_id} --reason ...)")
+    approve(promotion_id, reviewer, "reviewed")
+    status = _gate_fields(Job.objects.get(id=training.id))
+    assert status["post_eval_verdict"] == f"verdict; the gate passed; promotion {promotion_id} was applied"
+
+
 def test_without_the_policy_a_passed_gate_activates_as_before(home, settings):
     policy(settings, require_approval=False)
     result, _ = _gate(home, "cand", candidate=0.8, baseline=0.5, rewards=[0.1, 0.2, 0.9])
