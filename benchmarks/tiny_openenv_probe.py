@@ -3,7 +3,9 @@
     python benchmarks/tiny_openenv_probe.py [MODEL_DIR] [--samples 8] [--thinking]
 
 Prints, for named one-field schemas (`guess`, `message`, `direction`, ...), two fields (`row` +
-`col`), the counter, and schemas whose field names the tiny model's second warm-up phase holds out,
+`col`), the counter, action schemas as small games declare them (`--games`: rock-paper-scissors,
+blackjack, a trade of an enum side and a bounded quantity, an optional field, ...), and schemas whose
+field names the tiny model's second warm-up phase holds out,
 how many of `--samples` actions (T = 1.0, through `gpu_runtime.sampler`) pass Kiln's own parser and
 validator, with a few of the answers. MODEL_DIR defaults to the shipped tiny model. This is the
 probe behind docs/tiny-model.md's tables ("OpenEnv environments with any action fields").
@@ -32,13 +34,51 @@ NAMED = {
 }
 
 
+def _enum(*members: str) -> dict:
+    return {"enum": list(members), "type": "string"}
+
+
+def _bounded(low: int, high: int) -> dict:
+    return {"maximum": high, "minimum": low, "type": "integer"}
+
+
+# Actions as small games declare them with Pydantic (`Literal[...]`, `Field(ge=, le=)`, `Optional`); none
+# of their enum members is a word the warm-up trains as a member.
+GAMES = {
+    "rock-paper-scissors": {"move": _enum("rock", "paper", "scissors")},
+    "blackjack": {"action": _enum("hit", "stand")},
+    "coin": {"call": _enum("heads", "tails")},
+    "paint": {"color": _enum("blue", "green", "red", "yellow")},
+    "fruit": {"fruit": _enum("apple", "banana", "cherry", "mango")},
+    "guess 1..100": {"guess": _bounded(1, 100)},
+    "bandit arm 0..4": {"arm": _bounded(0, 4)},
+    "wordle": {"guess": {"type": "string", "minLength": 5, "maxLength": 5}},
+    "trade (enum + bounded)": {"side": _enum("buy", "sell"), "quantity": _bounded(1, 10)},
+    "tool (enum + string)": {"tool": _enum("search", "calculator"), "query": {"type": "string"}},
+    "shape (enum + bounded)": {"shape": _enum("circle", "square", "triangle"), "size": _bounded(1, 5)},
+    "optional note": {"move": _bounded(-2, 2),
+                      "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}},
+}
+
+
+def game_schema(fields: dict) -> dict:
+    properties = {"metadata": METADATA}
+    for key, prop in fields.items():
+        properties[key] = dict(prop, title=key.title())
+    required = [key for key, prop in fields.items() if "default" not in prop]
+    return {"additionalProperties": False, "properties": properties, "required": required, "title": "Action",
+            "type": "object"}
+
+
 def one_field(key: str, prop: dict) -> dict:
     prop = dict(prop, title=key.title(), description=f"Your {key}")
     return {"additionalProperties": False, "properties": {"metadata": METADATA, key: prop}, "required": [key],
             "title": "Action", "type": "object"}
 
 
-def probe_schemas(pieces: list[str], held_out: int) -> dict[str, dict]:
+def probe_schemas(pieces: list[str], held_out: int, games: bool = False) -> dict[str, dict]:
+    if games:
+        return {label: game_schema(fields) for label, fields in GAMES.items()}
     from gpu_runtime.tiny_openenv_tasks import action_schema
     from gpu_runtime.tiny_schema_tasks import SchemaEpisodes
 
@@ -61,6 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--held-out", type=int, default=8, help="schemas with held-out field names")
     parser.add_argument("--thinking", action="store_true")
+    parser.add_argument("--games", action="store_true", help="only the action schemas of small games (GAMES)")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -77,7 +118,7 @@ def main(argv=None) -> int:
     sampler = Sampler(load_model(args.model))
     pieces = letter_pieces(AutoTokenizer.from_pretrained(args.model))
     total = valid_total = 0
-    for label, schema in probe_schemas(pieces, args.held_out).items():
+    for label, schema in probe_schemas(pieces, args.held_out, args.games).items():
         env = {"identity": {"metadata": {"name": "probe", "description": "A probe environment."}},
                "schema": {"action": schema}}
         messages = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": "Make your move."}]

@@ -75,6 +75,9 @@ class SchemaEpisodes:
     that every piece the tokenizer knows is, at some point, a name the model has to copy.
     """
 
+    field_kinds = FIELD_KINDS
+    field_counts = (1, 1, 1, 2, 2, 3)
+
     def __init__(self, rng: random.Random, pieces: list[str]):
         self.rng = rng
         self.pieces = sorted(pieces)
@@ -96,10 +99,10 @@ class SchemaEpisodes:
         """A Pydantic-style property schema for `key` and a valid value for it."""
         rng = self.rng
         title = key.replace("_", " ").title()
-        kind = rng.choice(FIELD_KINDS)
+        kind = rng.choice(self.field_kinds)
         if kind == "int_bounded":
-            low = rng.randint(-5, 5)
-            prop = {"type": "integer", "minimum": low, "maximum": low + rng.randint(1, 15)}
+            low, high = self.integer_bounds()
+            prop = {"type": "integer", "minimum": low, "maximum": high}
         elif kind == "int":
             prop = {"type": "integer"}
         elif kind == "number":
@@ -109,10 +112,7 @@ class SchemaEpisodes:
             if rng.random() < 0.3:
                 prop["minLength"] = 1
         elif kind == "enum":
-            members = sorted({rng.choice(STRING_WORDS + KEY_WORDS) for _ in range(rng.randint(2, 4))})
-            if len(members) < 2:
-                members.append(members[0] + "_b")
-            prop = {"enum": members, "type": "string"}
+            prop = {"enum": self.enum_members(), "type": "string"}
         else:
             prop = {"type": "boolean"}
         value = self.value(prop)
@@ -121,10 +121,24 @@ class SchemaEpisodes:
             prop["description"] = f"The {key.replace('_', ' ')} to send"
         return prop, value
 
+    def enum_members(self) -> list[str]:
+        rng = self.rng
+        members = sorted({rng.choice(STRING_WORDS + KEY_WORDS) for _ in range(rng.randint(2, 4))})
+        if len(members) < 2:
+            members.append(members[0] + "_b")
+        return members
+
+    def integer_bounds(self) -> tuple[int, int]:
+        low = self.rng.randint(-5, 5)
+        return low, low + self.rng.randint(1, 15)
+
+    def bounded_integer(self, low: int, high: int) -> int:
+        return self.rng.randint(low, high)
+
     def schema(self, *, held_out: bool = False) -> tuple[dict, list[str], dict]:
         """(action schema, required keys in order, one valid action)."""
         rng = self.rng
-        count = rng.choice((1, 1, 1, 2, 2, 3))
+        count = rng.choice(self.field_counts)
         keys: list[str] = []
         while len(keys) < count:
             key = self.key(held_out=held_out)
@@ -171,7 +185,7 @@ class SchemaEpisodes:
         kind = prop["type"]
         if kind == "integer":
             if "minimum" in prop:
-                return rng.randint(prop["minimum"], prop["maximum"])
+                return self.bounded_integer(prop["minimum"], prop["maximum"])
             return rng.randint(-20, 60)
         if kind == "number":
             return round(rng.uniform(-10, 10), rng.choice((1, 2)))

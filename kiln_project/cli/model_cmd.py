@@ -1,10 +1,11 @@
 """`kiln model create-tiny DIR [--rebuild] [--seed N]`: install the demo/test model (local).
 
 By default the shipped release is copied and verified byte for byte, so every machine serves the
-same model in seconds. `--rebuild` (implied by `--seed`, `--warm-steps` or `--schema-steps`) runs the recipe
-instead, which takes minutes and gives bytes that depend on the CPU. `--first-phase MODEL_DIR`
-runs only the recipe's second phase from a model whose first phase was built already (this is how
-the release was cut: its first phase is the earlier release, byte for byte).
+same model in seconds. `--rebuild` (implied by `--seed`, `--warm-steps`, `--schema-steps` or `--value-steps`) runs the
+recipe instead, which takes minutes and gives bytes that depend on the CPU. `--first-phase MODEL_DIR`
+runs only the recipe's second phase from a model whose first phase was built already, and
+`--second-phase MODEL_DIR` only its third phase from a model that ran the second (this is how the
+release was cut: each phase from the release before it, byte for byte).
 """
 
 from __future__ import annotations
@@ -27,9 +28,16 @@ def add_parser(subparsers) -> None:
     tiny.add_argument("--schema-steps", type=int, default=None,
                       help="second-phase steps, OpenEnv actions under random schemas (implies --rebuild; "
                            "default: the documented recipe)")
-    tiny.add_argument("--first-phase", type=Path, default=None, metavar="MODEL_DIR",
-                      help="run only the second phase, starting from the model in MODEL_DIR (a first-phase build, "
-                           "such as an earlier release); needs --schema-steps")
+    tiny.add_argument("--value-steps", type=int, default=None,
+                      help="third-phase steps, the values a schema allows: enum members, integer bounds (implies "
+                           "--rebuild; default: the documented recipe)")
+    phases = tiny.add_mutually_exclusive_group()
+    phases.add_argument("--first-phase", type=Path, default=None, metavar="MODEL_DIR",
+                        help="run only the second phase, starting from the model in MODEL_DIR (a first-phase build, "
+                             "such as an earlier release); needs --schema-steps")
+    phases.add_argument("--second-phase", type=Path, default=None, metavar="MODEL_DIR",
+                        help="run only the third phase, starting from the model in MODEL_DIR (a model that ran the "
+                             "second phase, such as an earlier release); needs --value-steps")
     tiny.add_argument("--force", action="store_true", help="replace an existing model in DIR")
     model.set_defaults(handler=run)
 
@@ -50,9 +58,14 @@ def run(args) -> int:
         raise CliError("invalid_warm_steps", "--warm-steps must be a non-negative integer")
     if args.schema_steps is not None and args.schema_steps < 0:
         raise CliError("invalid_schema_steps", "--schema-steps must be a non-negative integer")
+    if args.value_steps is not None and args.value_steps < 0:
+        raise CliError("invalid_value_steps", "--value-steps must be a non-negative integer")
     if args.first_phase is not None:
         summary = _second_phase_only(target, args)
-    elif args.rebuild or args.seed is not None or args.warm_steps is not None or args.schema_steps is not None:
+    elif args.second_phase is not None:
+        summary = _third_phase_only(target, args)
+    elif args.rebuild or any(value is not None for value in (args.seed, args.warm_steps, args.schema_steps,
+                                                             args.value_steps)):
         summary = _rebuild(target, args)
     else:
         from gpu_runtime.tiny_release import TinyReleaseError, install
@@ -78,10 +91,14 @@ def _rebuild(target: Path, args) -> dict:
         kwargs["warm_steps"] = args.warm_steps
     if args.schema_steps is not None:
         kwargs["schema_steps"] = args.schema_steps
+    if args.value_steps is not None:
+        kwargs["value_steps"] = args.value_steps
     try:
         summary = create_tiny_model(target, **kwargs)
     except FileExistsError as exc:
         raise CliError("model_dir_not_empty", str(exc), "choose an empty directory or pass --force") from None
+    except ValueError as exc:
+        raise CliError("invalid_value_steps", str(exc), "--value-steps needs --schema-steps above 0") from None
     digest = make_manifest(target)["model_sha256"]
     shipped = read_manifest()["model_sha256"]
     summary.update(source="recipe", model_sha256=digest, matches_release=digest == shipped)
@@ -89,23 +106,47 @@ def _rebuild(target: Path, args) -> dict:
 
 
 def _second_phase_only(target: Path, args) -> dict:
-    from gpu_runtime.tiny_model import continue_with_second_phase
+    from gpu_runtime.tiny_phases import continue_with_second_phase
+    from kiln_project.cli.client import CliError
+
+    if not args.schema_steps:
+        raise CliError("invalid_schema_steps", "--first-phase needs --schema-steps N with N > 0")
+    if args.value_steps is not None:
+        raise CliError("invalid_first_phase", "--first-phase runs only the second phase", "drop --value-steps")
+    return _one_phase(target, args, args.first_phase, "invalid_first_phase",
+                      lambda source: continue_with_second_phase(source, target, schema_steps=args.schema_steps,
+                                                                overwrite=args.force))
+
+
+def _third_phase_only(target: Path, args) -> dict:
+    from gpu_runtime.tiny_phases import continue_with_third_phase
+    from kiln_project.cli.client import CliError
+
+    if not args.value_steps:
+        raise CliError("invalid_value_steps", "--second-phase needs --value-steps N with N > 0")
+    if args.schema_steps is not None:
+        raise CliError("invalid_second_phase", "--second-phase runs only the third phase", "drop --schema-steps")
+    return _one_phase(target, args, args.second_phase, "invalid_second_phase",
+                      lambda source: continue_with_third_phase(source, target, value_steps=args.value_steps,
+                                                               overwrite=args.force))
+
+
+def _one_phase(target: Path, args, source: Path, code: str, run) -> dict:
+    """Run one later phase from the model in `source`; `code` names the refusal of an unfit `source`."""
     from gpu_runtime.tiny_release import RECIPE_FILE, make_manifest
     from kiln_project.cli.client import CliError
 
-    source = args.first_phase.expanduser().resolve()
-    if not args.schema_steps:
-        raise CliError("invalid_schema_steps", "--first-phase needs --schema-steps N with N > 0")
+    source = source.expanduser().resolve()
+    option = code.removeprefix("invalid_").replace("_", "-")
     if args.seed is not None or args.warm_steps is not None:
-        raise CliError("invalid_first_phase", "--first-phase keeps that model's seed and warm-up steps",
-                       "drop --seed and --warm-steps")
+        raise CliError(code, f"--{option} keeps that model's seed and warm-up steps", "drop --seed and --warm-steps")
     if not (source / RECIPE_FILE).is_file():
-        raise CliError("invalid_first_phase", f"{source} holds no tiny model ({RECIPE_FILE} is missing)")
+        raise CliError(code, f"{source} holds no tiny model ({RECIPE_FILE} is missing)")
     try:
-        summary = continue_with_second_phase(source, target, schema_steps=args.schema_steps, overwrite=args.force)
+        summary = run(source)
     except FileExistsError as exc:
         raise CliError("model_dir_not_empty", str(exc), "choose an empty directory or pass --force") from None
     except ValueError as exc:
-        raise CliError("invalid_first_phase", str(exc)) from None
+        raise CliError(code, str(exc)) from None
     summary.update(source="recipe", model_sha256=make_manifest(target)["model_sha256"])
     return summary

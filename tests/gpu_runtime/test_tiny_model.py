@@ -29,9 +29,9 @@ def digests(path):
 
 
 def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(tmp_path):
-    first = create_tiny_model(tmp_path / "a", seed=3, warm_steps=3, schema_steps=2)
-    second = create_tiny_model(tmp_path / "b", seed=3, warm_steps=3, schema_steps=2)
-    other = create_tiny_model(tmp_path / "c", seed=4, warm_steps=3, schema_steps=2)
+    first = create_tiny_model(tmp_path / "a", seed=3, warm_steps=3, schema_steps=2, value_steps=2)
+    second = create_tiny_model(tmp_path / "b", seed=3, warm_steps=3, schema_steps=2, value_steps=2)
+    other = create_tiny_model(tmp_path / "c", seed=4, warm_steps=3, schema_steps=2, value_steps=2)
     assert set(digests(tmp_path / "a")) == EXPECTED_FILES
     assert digests(tmp_path / "a") == digests(tmp_path / "b")
     assert first["weights_sha256"] == second["weights_sha256"] != other["weights_sha256"]

@@ -72,24 +72,31 @@ def test_cli_prints_the_documented_digest_and_refuses_an_existing_model(tmp_path
     assert again.returncode != 0 and "model_exists" in again.stderr and again.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("flag", ["--seed", "--warm-steps", "--schema-steps"])
+@pytest.mark.parametrize("flag", ["--seed", "--warm-steps", "--schema-steps", "--value-steps"])
 def test_cli_refuses_a_negative_recipe_number_with_one_line(tmp_path, flag):
     cmd = [sys.executable, "-m", "kiln_project.cli.main", "model", "create-tiny", str(tmp_path / "m"), flag, "-1"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
-    code = {"--seed": "invalid_seed", "--warm-steps": "invalid_warm_steps", "--schema-steps": "invalid_schema_steps"}
+    code = {"--seed": "invalid_seed", "--warm-steps": "invalid_warm_steps", "--schema-steps": "invalid_schema_steps",
+            "--value-steps": "invalid_value_steps"}
     assert done.returncode != 0 and code[flag] in done.stderr and done.stderr.count("\n") == 1
     assert not (tmp_path / "m").exists()
 
 
-def test_cli_rebuild_runs_both_phases_of_the_recipe(tmp_path):
+def test_cli_rebuild_runs_the_three_phases_of_the_recipe(tmp_path):
     cmd = [sys.executable, "-m", "kiln_project.cli.main", "model", "create-tiny", str(tmp_path / "m"),
-           "--warm-steps", "2", "--schema-steps", "1"]
+           "--warm-steps", "2", "--schema-steps", "1", "--value-steps", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
     assert printed["source"] == "recipe" and printed["matches_release"] is False
     assert (printed["warm_steps"], printed["schema_steps"]) == (2, 1) and printed["schema_final_loss"] > 0
     assert printed["held_out_schema_validity"]["schemas"] == 64
+    assert printed["value_steps"] == 1 and printed["held_out_value_validity"]["schemas"] == 64
+    no_second = subprocess.run(cmd[:5] + [str(tmp_path / "n"), "--schema-steps", "0", "--value-steps", "1"],
+                               capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert no_second.returncode != 0 and "invalid_value_steps" in no_second.stderr and "continues from the second" \
+        in no_second.stderr
+    assert not (tmp_path / "n").exists()
 
 
 def test_cli_runs_only_the_second_phase_from_a_built_first_phase(tmp_path):
@@ -116,3 +123,38 @@ def test_cli_runs_only_the_second_phase_from_a_built_first_phase(tmp_path):
     no_steps = subprocess.run(base + [str(tmp_path / "fourth"), "--first-phase", str(first)],
                               capture_output=True, text=True, cwd=REPO, timeout=300)
     assert no_steps.returncode != 0 and "invalid_schema_steps" in no_steps.stderr
+
+
+def test_cli_runs_only_the_third_phase_from_a_model_that_ran_the_second(tmp_path):
+    from gpu_runtime.identity import file_manifest, manifest_digest
+    from gpu_runtime.tiny_model import create_tiny_model
+
+    second, first = tmp_path / "second", tmp_path / "first"
+    create_tiny_model(second, warm_steps=2, schema_steps=1, value_steps=0)
+    create_tiny_model(first, warm_steps=2, schema_steps=0)
+    base = [sys.executable, "-m", "kiln_project.cli.main", "model", "create-tiny"]
+    done = subprocess.run(base + [str(tmp_path / "third"), "--second-phase", str(second), "--value-steps", "1"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    recipe = json.loads((tmp_path / "third" / tiny_release.RECIPE_FILE).read_text())
+    second_recipe = json.loads((second / tiny_release.RECIPE_FILE).read_text())
+    assert recipe["second_phase_model_sha256"] == manifest_digest(file_manifest(second, ["model.safetensors"]))
+    assert (recipe["schema_steps"], recipe["schema_final_loss"]) == (1, second_recipe["schema_final_loss"])
+    assert recipe["second_phase_schema_validity"] == second_recipe["held_out_schema_validity"]
+    assert recipe["value_steps"] == 1 and recipe["held_out_value_validity"]["schemas"] == 64
+    assert (tmp_path / "third" / "model.safetensors").read_bytes() != (second / "model.safetensors").read_bytes()
+
+    refusals = {
+        "no second phase": ([str(tmp_path / "a"), "--second-phase", str(first), "--value-steps", "1"],
+                            "invalid_second_phase", "has not run the second phase"),
+        "twice": ([str(tmp_path / "b"), "--second-phase", str(tmp_path / "third"), "--value-steps", "1"],
+                  "invalid_second_phase", "already ran a third phase"),
+        "no steps": ([str(tmp_path / "c"), "--second-phase", str(second)], "invalid_value_steps", "--value-steps"),
+        "other phase's steps": ([str(tmp_path / "d"), "--second-phase", str(second), "--value-steps", "1",
+                                 "--schema-steps", "1"], "invalid_second_phase", "drop --schema-steps"),
+    }
+    for args, code, words in refusals.values():
+        refused = subprocess.run(base + args, capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert refused.returncode != 0 and code in refused.stderr and words in refused.stderr, refused.stderr
+        assert refused.stderr.count("\n") == 1
+        assert not Path(args[0]).exists()
