@@ -31,6 +31,19 @@ NOTHING_LEFT = ("no group carries a usable reward signal after training selectio
                 "without a training job")
 
 
+def nothing_left_reason(stats: dict | None) -> str:
+    """NOTHING_LEFT, with the likeliest cause when most episodes ended at the model's first invalid
+    action: then every group shares the protocol-error return, whatever the environment would pay."""
+    stats = stats or {}
+    invalid = int(stats.get("invalid_model_action_count") or 0)
+    episodes = invalid + sum(int(stats.get(key) or 0) for key in
+                             ("done_count", "max_steps_count", "protocol_error_count"))
+    if not episodes or invalid * 2 < episodes:
+        return NOTHING_LEFT
+    return (f"{NOTHING_LEFT}: {invalid} of {episodes} episodes ended at an invalid model action (a reply that "
+            "was not one JSON object matching the action schema), so the returns within each group were equal")
+
+
 def _fail(run: OpenEnvRun, code: str, message: str, *, retryable: bool = False, hint: str = "",
           http_status: int | None = None):
     failure = services.failure(code, STAGE, message, retryable=retryable, hint=hint, http_status=http_status)
@@ -59,9 +72,10 @@ def submit_training(run: OpenEnvRun, groups: list[dict]) -> dict:
 
         raise JobCancelled()
     if not selection.groups:
+        reason = nothing_left_reason(run.rollout_stats)
         services.run_transition(run, from_states=[RunState.SUBMITTING], state=RunState.COMPLETED, stage=STAGE,
-                                error=NOTHING_LEFT)
-        return {"run_id": str(run.id), "state": run.state, "training_job_id": None, "reason": NOTHING_LEFT}
+                                error=reason)
+        return {"run_id": str(run.id), "state": run.state, "training_job_id": None, "reason": reason}
     from training.services import grpo_submit
 
     body = {"groups": selection.groups, "config": contract["effective_config"]}

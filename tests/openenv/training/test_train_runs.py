@@ -169,6 +169,16 @@ def test_nothing_left_after_selection_completes_without_a_training_job(api, home
     assert done["training_selection"]["no_reward_gradient_groups_skipped"] == 2 and len(done["warnings"]) == 2
     assert not Job.objects.filter(kind="training.grpo").exists() and not Adapter.objects.exists()
     assert [a["kind"] for a in done["artifacts"]] == ["dataset", "replay", "summary"]
+    assert "invalid model action" not in done["error"]  # valid actions, equal returns: no such cause
+
+
+def test_a_model_that_never_acts_validly_is_named_as_why_nothing_was_trained(api, home, counter, served, policies):
+    policies.content = lambda request: "I would move by one."  # never a JSON action
+    done = collect(api, train_body(counter.url, groups=2, group_size=2))
+    assert done["state"] == "completed" and done["training_selection"]["groups_submitted"] == 0, done
+    assert done["error"].endswith("4 of 4 episodes ended at an invalid model action (a reply that was not one JSON "
+                                  "object matching the action schema), so the returns within each group were equal")
+    assert len(done["error"]) <= 500  # the run's one-line reason column
 
 
 def test_cancel_during_training_cancels_the_training_job(api, home, counter, served, policies,
