@@ -7,8 +7,10 @@ used for free strings, so it answered `{"move": "score"}` to rock-paper-scissors
 with two fields of different types it also wrote each field's value by position (`{"side": 13,
 "quantity": "one two"}`). This phase draws the same kind of episodes with:
 
-- enum members that cannot be recalled: mostly runs of the tokenizer's letter-only pieces, otherwise
-  words from a list of their own; about one member in ten is held out by hash and never trained;
+- enum members that cannot be recalled: runs of the tokenizer's letter-only pieces about half the
+  time, otherwise everyday words, both words of a list of its own and the very words the second
+  phase wrote for free strings (a model taught that members are never those would refuse `red` in a
+  paint shop); about one member in ten is held out by hash and never trained;
 - enums and bounded integers most of the time, with two or three fields of different types more
   often, so a value has to be read from its own field's schema;
 - bounded integers whose ranges start where real environments start them (0 and 1 above all),
@@ -21,11 +23,13 @@ from __future__ import annotations
 
 import hashlib
 
-from gpu_runtime.tiny_schema_tasks import SchemaEpisodes, SecondPhaseSampler
+from gpu_runtime.tiny_schema_tasks import KEY_WORDS, STRING_WORDS, SchemaEpisodes, SecondPhaseSampler
 
-# Enum members that are everyday words; none of them is in the second phase's word lists, and the
-# words real environments use most (rock, paper, hit, stand, heads, buy, ...) are left out so that a
-# probe with them measures copying.
+SECOND_PHASE_WORDS = tuple(word for word in STRING_WORDS + KEY_WORDS if " " not in word)
+
+# Enum members that are everyday words besides the second phase's (STRING_WORDS, KEY_WORDS); the words
+# real environments use most (rock, paper, hit, stand, heads, buy, ...) are left out so that a probe
+# with them measures copying.
 MEMBER_WORDS = (
     "small", "medium", "large", "low", "high", "on", "off", "true_value", "none", "all", "first", "last",
     "cat", "dog", "bird", "fish", "tree", "flower", "house", "car", "boat", "train", "plane", "horse",
@@ -64,8 +68,11 @@ class ValueEpisodes(SchemaEpisodes):
     def member(self) -> str:
         rng = self.rng
         while True:
-            if rng.random() < 0.4:
+            roll = rng.random()
+            if roll < 0.3:
                 member = rng.choice(MEMBER_WORDS)
+            elif roll < 0.55:
+                member = rng.choice(SECOND_PHASE_WORDS)
             else:
                 member = "".join(rng.choice(self.pieces) for _ in range(rng.choice((1, 1, 2, 2, 3))))
             if len(member) <= 16 and is_held_out_member(member) == self.members_held_out:

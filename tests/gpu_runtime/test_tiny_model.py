@@ -10,7 +10,13 @@ from transformers import AutoConfig, AutoTokenizer
 from gpu_runtime.identity import file_sha256
 from gpu_runtime.sample_types import SampleRequest
 from gpu_runtime.sampling import SamplingParams
-from gpu_runtime.tiny_model import DEFAULT_SCHEMA_STEPS, DEFAULT_WARM_STEPS, RECIPE_FILE, create_tiny_model
+from gpu_runtime.tiny_model import (
+    DEFAULT_SCHEMA_STEPS,
+    DEFAULT_VALUE_STEPS,
+    DEFAULT_WARM_STEPS,
+    RECIPE_FILE,
+    create_tiny_model,
+)
 from gpu_runtime.tiny_tasks import held_out_arithmetic, is_held_out
 
 EXPECTED_FILES = {
@@ -58,6 +64,7 @@ def test_recipe_file_and_architecture(tiny_model):
     assert recipe["schema"] == "kiln.tiny-model.v1"
     assert recipe["seed"] == 0 and recipe["warm_steps"] == DEFAULT_WARM_STEPS
     assert recipe.get("schema_steps", 0) == DEFAULT_SCHEMA_STEPS
+    assert recipe.get("value_steps", 0) == DEFAULT_VALUE_STEPS
     assert recipe["corpus_sha256"].startswith("sha256:")
     assert recipe["held_out_accuracy"] == summary["held_out_accuracy"]
     config = AutoConfig.from_pretrained(path, local_files_only=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpu_runtime import tiny_release
-from gpu_runtime.tiny_model import DEFAULT_SCHEMA_STEPS, DEFAULT_WARM_STEPS
+from gpu_runtime.tiny_model import DEFAULT_SCHEMA_STEPS, DEFAULT_VALUE_STEPS, DEFAULT_WARM_STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,6 +21,7 @@ def test_the_shipped_release_matches_its_manifest_and_the_documented_digest():
     manifest = tiny_release.verify()
     assert manifest["recipe"]["seed"] == 0 and manifest["recipe"]["warm_steps"] == DEFAULT_WARM_STEPS
     assert manifest["recipe"].get("schema_steps", 0) == DEFAULT_SCHEMA_STEPS
+    assert manifest["recipe"].get("value_steps", 0) == DEFAULT_VALUE_STEPS
     assert {entry["file"] for entry in manifest["files"]} >= {"config.json", "model.safetensors", "tokenizer.json"}
     documented = re.findall(r"sha256:[0-9a-f]{64}", (REPO / "docs" / "tiny-model.md").read_text())
     assert manifest["model_sha256"] in documented, "docs/tiny-model.md names another demo model"

@@ -52,11 +52,12 @@ def test_enum_members_must_be_copied_and_a_tenth_are_held_out():
     episodes = ValueEpisodes(random.Random(5), PIECES)
     members = [m for _ in range(800) for prop in _fields(episodes.schema()[0]).values() for m in prop.get("enum", ())]
     assert len(members) > 500 and not any(map(is_held_out_member, members))
-    second_phase_words = set(STRING_WORDS) | set(KEY_WORDS)  # what it wrote for any string: no cue to an enum
-    assert not set(MEMBER_WORDS) & second_phase_words
-    assert sum(m in second_phase_words for m in members) / len(members) < 0.05  # pieces that happen to spell one
+    # the second phase's string words are members too, else a member could be told by not being one of them
+    second_phase_words = set(STRING_WORDS) | set(KEY_WORDS)
+    assert 0.15 < sum(m in second_phase_words for m in members) / len(members) < 0.4
     assert not set(members) & COMMON_ENVIRONMENT_MEMBERS and not set(MEMBER_WORDS) & COMMON_ENVIRONMENT_MEMBERS
-    assert sum(m in MEMBER_WORDS for m in members) / len(members) < 0.5  # most are made of pieces: no recall
+    made_of_pieces = [m for m in members if m not in second_phase_words and m not in MEMBER_WORDS]
+    assert len(made_of_pieces) / len(members) > 0.35  # nearly half can only be copied, never recalled
     held = ValueEpisodes(random.Random(5), PIECES)
     for _ in range(100):
         schema, required, _ = held.schema(held_out=True)
