@@ -4,12 +4,12 @@ environment served by `openenv==0.10.0`, with the served tiny model collecting t
 workers, training, and the held-out environment evaluation with its gate.
 
 Chromium fills every field the CLI run sets (one move per episode, targets 1..3 as the reset
-option, thinking off, AdamW 1e-4 as the training config, LoRA rank 8, 80 x 4 held-out groups, the
+option, thinking off, AdamW 3e-4 as the training config, LoRA rank 8, 80 x 4 held-out groups, the
 gate with min_mean_improvement 0.1), submits, and watches the card go to `completed` without a
 reload; the card shows the gate's outcome (`promoted`), its counts and exact p, which the test
 checks against the run's status and a sign test computed here; the adapter then serves. The run
-is seeded, so it measures what the CLI run measures (on the release of 2026-12-03: held-out return
--0.15 -> 0.79, 66 better, 3 worse, 11 tied). About 3 minutes. Screenshot: /tmp/kiln-ui-openenv-learning.png.
+is seeded, so it measures what the CLI run measures (on the release of 2026-12-05: held-out return
+0.40 -> 1.33, 63 better, 0 worse, 17 tied). About 3 minutes. Screenshot: /tmp/kiln-ui-openenv-learning.png.
 """
 
 from __future__ import annotations
