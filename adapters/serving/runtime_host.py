@@ -252,10 +252,8 @@ def chat_completion(body, *, emit=None, reader_gone=None) -> dict:
     host = start_model_host()
     host.wait_ready()
     messages, requests = _sample_requests(body, seed_base=body.seed)
-    # `model` names the resident base model (a request's `model` that names an adapter reached here as
-    # `adapter`, resolved by the web process; each choice's `adapter` says which one served it).
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": host.loaded.served_model_id}
+            "model": _answered_model(body, host.loaded.served_model_id)}
     if body.include_usage:
         meta["usage"] = None  # OpenAI: with include_usage every chunk but the last has usage: null
     relay = None
@@ -286,6 +284,15 @@ def chat_completion(body, *, emit=None, reader_gone=None) -> dict:
     return {"id": meta["id"], "object": "chat.completion", "created": meta["created"],
             "model": meta["model"], "choices": choices, "usage": usage,
             "system_fingerprint": host.loaded.identity.get("inference_config_sha256")}
+
+
+def _answered_model(body, base_model_id: str) -> str:
+    """The response's `model`: the adapter's name when the request's `model` named it (the web process
+    resolved it into `adapter`), as vLLM answers a LoRA by its name; else the resident base model's id,
+    whatever name a guide's request file used. Each choice's `adapter` says which adapter served it."""
+    if body.adapter and body.adapter != "base" and body.model == body.adapter:
+        return body.adapter
+    return base_model_id
 
 
 def _final_chunks(response: dict, *, include_usage: bool) -> list[dict]:

@@ -75,8 +75,12 @@ def test_model_may_name_an_adapter_that_models_lists(served, tiny_model_dir):
     assert client.models.retrieve("ad2").owned_by == "kiln"
     by_model = client.chat.completions.create(model="ad2", messages=QUESTION, max_tokens=8, temperature=0.0)
     assert by_model.choices[0].model_extra["adapter"]["name"] == "ad2"
+    assert by_model.model == "ad2"  # answered by the name asked for, as vLLM answers a LoRA
+    streamed = list(client.chat.completions.create(model="ad2", messages=QUESTION, max_tokens=4, stream=True))
+    assert {chunk.model for chunk in streamed} == {"ad2"}
     explicit = client.chat.completions.create(model="ad2", messages=QUESTION, max_tokens=8, temperature=0.0,
                                               extra_body={"adapter": "base"})
-    assert explicit.choices[0].model_extra["adapter"] is None
+    assert explicit.choices[0].model_extra["adapter"] is None and explicit.model == base_id
     guide = client.chat.completions.create(model="Qwen3.5-4B", messages=QUESTION, max_tokens=8, temperature=0.0)
     assert guide.choices[0].model_extra["adapter"] is None  # no active adapter: the base model serves
+    assert guide.model == base_id  # a name the server does not serve is answered with what served
