@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 
 from core.errors import error_envelope
 
@@ -15,6 +15,19 @@ _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_f
 # Routes whose bodies are file uploads bounded by their own setting, not the request limit.
 LARGE_UPLOAD_ROUTES = frozenset({"/v1/adapters/upload"})
 MULTIPART_OVERHEAD = 1024 * 1024
+
+
+def _without_body(response):
+    """What HEAD answers: GET's status and headers, Content-Length included, and no body."""
+    if getattr(response, "streaming", False):
+        bare = HttpResponse(status=response.status_code)
+        for header, value in response.items():
+            bare[header] = value
+        response.close()  # a file download: release the file unread
+        return bare
+    response["Content-Length"] = str(len(response.content))
+    response.content = b""
+    return response
 
 
 def _is_envelope(response) -> bool:
@@ -56,11 +69,23 @@ class ApiErrorEnvelopeMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        head = False
         if request.path.startswith("/v1/"):
             too_large = self._refuse_large_body(request)
             if too_large is not None:
                 return too_large
+            # HEAD asks what GET would answer (a monitor's probe, `curl -I`): the routes declare GET only.
+            head = request.method == "HEAD"
+        if head:
+            request.method = "GET"
         response = self.get_response(request)
+        if head:
+            request.method = "HEAD"  # a refusal names the method that was sent
+        response = self._envelope(request, response)
+        return _without_body(response) if head else response
+
+    @staticmethod
+    def _envelope(request, response):
         if not request.path.startswith("/v1/") or response.status_code < 400 or getattr(response, "streaming", False):
             return response
         if _is_envelope(response):

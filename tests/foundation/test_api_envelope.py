@@ -67,6 +67,29 @@ def test_wrong_method_is_405_with_allow(api):
     assert "GET" in error["hint"]
 
 
+def test_head_answers_what_get_would_without_a_body(api, client, tmp_path):
+    from django.http import FileResponse
+
+    from kiln_project.middleware import _without_body
+
+    got, head = api.get("/v1/jobs"), api.head("/v1/jobs")
+    assert head.status_code == 200 and head["Content-Length"] == str(len(got.content))
+    assert head["Content-Type"] == got["Content-Type"]
+    refused = api.head("/v1/train/grpo")  # POST only: refused as GET would be, naming the method sent
+    assert refused.status_code == 405 and "POST" in refused["Allow"]
+    assert client.head("/v1/jobs").status_code == 401
+    # the server-side half: a file download's headers, the file released unread, no body
+    path = tmp_path / "receipt.json"
+    path.write_bytes(b"x" * 1000)
+    stream = FileResponse(path.open("rb"))
+    bare = _without_body(stream)
+    assert bare.status_code == 200 and bare["Content-Length"] == "1000" and bare.content == b""
+    assert stream.file_to_stream is None or stream.file_to_stream.closed
+    length = str(len(got.content))
+    whole = _without_body(got)
+    assert whole.content == b"" and whole["Content-Length"] == length
+
+
 def test_validation_error_is_422(api):
     error = _assert_envelope(api.get("/v1/jobs?limit=abc"), 422, "validation_error")
     assert "limit" in error["message"]
