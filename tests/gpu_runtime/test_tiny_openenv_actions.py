@@ -1,7 +1,7 @@
 """The shipped demo model acts in an OpenEnv environment it never saw: under the system prompt Kiln's
 collector builds, it answers with a schema-valid JSON action often, and not always the same one.
 
-The environment is the counter of tests/openenv/interop_env/kiln_interop_env.py as `openenv==0.10.0`
+The environment is the counter of examples/openenv-counter/counter_env.py as `openenv==0.10.0`
 serves it (its action schema as captured in shared/spec/openenv-protocol.md; name and description
 not among the warm-up's), observed through `input_text` and, as the collector shows an observation
 without one, as labelled wire JSON. Sampled at the collector's default temperature (1.0) with the

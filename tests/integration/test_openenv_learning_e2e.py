@@ -2,9 +2,9 @@
 
 Through the real processes: web, a GPU worker serving the tiny model (which also trains) and a
 control worker (which collects), against the counter environment of
-tests/openenv/interop_env/kiln_interop_env.py served by PyPI `openenv==0.10.0` from its own venv.
+examples/openenv-counter/counter_env.py served by PyPI `openenv==0.10.0` from its own venv.
 
-1. `kiln openenv train` collects 64 seed groups x 8 one-move episodes with the base model, trains
+1. examples/openenv-counter/run_loop.sh (inspect, `kiln openenv train`, `kiln openenv verify`) collects 64 seed groups x 8 one-move episodes with the base model, trains
    a LoRA with native GRPO on them, then evaluates base against the new adapter on 80 HELD-OUT
    seed groups (the seeds after training's) with the paired sign-test gate: `passed`, and with
    `auto_load` the adapter is promoted and serves.
@@ -46,6 +46,8 @@ below 1e-5); the worse run's `rejected`, its adapter not loaded, the good adapte
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,9 +59,10 @@ from tests.support.stack import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.learning]
 
 GROUPS, GROUP_SIZE = 64, 8
-EVAL_GROUPS, EVAL_GROUP_SIZE = 80, 4
-RESET = {"targets": [1, 2, 3]}  # the reset option that shapes the task (see the module docstring)
-GOOD = {"optimizer": {"kind": "adam_w"}, "learning_rate": 3e-4, "seed": 3}
+EVAL_GROUPS, EVAL_GROUP_SIZE = 80, 4  # held-out seed groups; EVAL_GROUP_SIZE is run_loop.sh's
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openenv-counter"
+GOOD = json.loads((EXAMPLE / "training-config.json").read_text())  # AdamW 3e-4, seed 3
+RESET = json.loads((EXAMPLE / "reset.json").read_text())  # targets 1..3: shapes the task (the docstring)
 WORSE = {"optimizer": {"kind": "adam_w"}, "learning_rate": 3e-2, "seed": 3}
 
 
@@ -76,25 +79,21 @@ def counter_stack(stack_factory, tiny_model_dir, tmp_path):
 
 
 def _train(stack, token, server, work: Path, *, name: str, config: dict) -> tuple[int, str]:
-    """The guide's `kiln openenv train`, with a held-out environment evaluation and its gate."""
+    """The guide's loop as a user runs it: examples/openenv-counter/run_loop.sh (inspect, `kiln openenv
+    train` with a held-out environment evaluation and its gate, then `kiln openenv verify`)."""
     config_file = work / f"{name}.config.json"
     config_file.write_text(json.dumps(config))
-    reset_file = work / "reset.json"
-    reset_file.write_text(json.dumps(RESET))
-    done = stack.kiln(
-        "openenv", "train", "--environment", server.url, "--output-adapter", name, "--groups", str(GROUPS),
-        "--group-size", str(GROUP_SIZE), "--seed-start", "0", "--max-steps", "1", "--max-action-tokens", "32",
-        "--concurrency", "16", "--thinking", "false", "--lora-rank", "8", "--training-config", str(config_file),
-        "--reset-options", str(reset_file), "--eval-groups", str(EVAL_GROUPS),
-        "--eval-group-size", str(EVAL_GROUP_SIZE), "--gate-min-mean-improvement", "0.1", "--url", stack.url,
-        "--output", str(work / f"{name}.rollouts.jsonl"), "--replay-output", str(work / f"{name}.replay.json"),
-        "--summary-output", str(work / f"{name}.summary.json"),
-        env={"KILN_API_TOKEN": token}, timeout=1200, check=False)
+    done = stack.run(
+        ["bash", str(EXAMPLE / "run_loop.sh")],
+        env={"KILN": f"{sys.executable} -m kiln_project.cli.main", "KILN_URL": stack.url, "KILN_API_TOKEN": token,
+             "ENV_URL": server.url, "ADAPTER": name, "GROUPS": str(GROUPS), "EVAL_GROUPS": str(EVAL_GROUPS),
+             "TRAINING_CONFIG": str(config_file), "OUT": str(work)},
+        timeout=1200, check=False)
     return done.returncode, done.stdout + done.stderr
 
 
 def _run_status(api, output: str) -> dict:
-    run_id = output.split()[1]  # "run <id> <state> (sequence N)"
+    run_id = re.search(r"^run ([0-9a-f-]{36}) ", output, re.M).group(1)  # "run <id> <state> (sequence N)"
     return api.get(f"/v1/openenv/runs/{run_id}").json()
 
 
@@ -115,10 +114,9 @@ def test_kiln_openenv_train_raises_held_out_return_and_the_gate_holds_back_a_wor
     assert evidence["decision"] == "passed" and evaluation["outcome"] == "promoted", evaluation["verdict"]
     assert evidence["mean_return_improvement"] >= 0.3
     assert "env eval passed" in output and "promoted" in output
-    # the copies `train` downloaded verify offline, as a `kiln openenv rollout`'s files do
-    copies = [str(tmp_path / f"counter-agent.{suffix}") for suffix in ("summary.json", "rollouts.jsonl", "replay.json")]
-    verified = stack.kiln("openenv", "verify", "--summary", copies[0], "--dataset", copies[1], "--replay", copies[2])
-    assert f"verified {GROUPS} groups, {GROUPS * GROUP_SIZE} rollouts" in verified.stdout
+    assert "kiln_counter" in output  # the script inspected the environment first
+    # the copies `train` downloaded verified offline (the script's last step), as a rollout's files do
+    assert f"verified {GROUPS} groups, {GROUPS * GROUP_SIZE} rollouts" in output
     # "promoted" queues the activation: its serving canary runs on the GPU worker, then the adapter serves.
     wait_until(lambda: api.get("/v1/adapters/counter-agent").json()["loaded"], 120, interval=0.5,
                what="the promoted adapter to pass its canary and serve")

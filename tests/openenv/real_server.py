@@ -3,7 +3,7 @@
 The virtual environment is created once and cached in $KILN_TEST_OPENENV_VENV (default
 /tmp/kiln-test-openenv-0.10.0); it is reused when its `openenv` distribution has the pinned
 version. The package is never imported into Kiln's interpreter (it shares our `openenv` name):
-the server runs `python -m uvicorn kiln_interop_env:app` from a scratch folder, with no
+the server runs `python -m uvicorn counter_env:app` from a scratch folder, with no
 PYTHONPATH, so only that environment's site-packages are visible. If pip cannot install the
 package (no index or mirror), the tests that need it skip with pip's last lines as the reason.
 """
@@ -23,7 +23,10 @@ import httpx
 import pytest
 
 OPENENV_VERSION = "0.10.0"
-ENV_SOURCE = Path(__file__).with_name("interop_env") / "kiln_interop_env.py"
+# The counter environment is the OpenEnv example users run (examples/openenv-counter); the tests' other
+# environments sit beside this file, and some build on the counter (`from counter_env import ...`).
+ENV_SOURCE = Path(__file__).resolve().parents[2] / "examples" / "openenv-counter" / "counter_env.py"
+TEST_ENVS = Path(__file__).with_name("interop_env")
 PIP_TIMEOUT_S = 1500
 START_TIMEOUT_S = 120
 
@@ -80,8 +83,8 @@ def free_port() -> int:
 
 
 class RealServer:
-    """`uvicorn <module>:app` on 127.0.0.1 (kiln_interop_env by default), started from a scratch folder.
-    Another `module_source` is copied next to kiln_interop_env.py, which it may build on."""
+    """`uvicorn <module>:app` on 127.0.0.1 (counter_env by default), started from a scratch folder.
+    Another `module_source` is copied next to counter_env.py, which it may build on."""
 
     def __init__(self, python: Path, workdir: Path, *, port: int | None = None, max_sessions: int = 4,
                  max_delta: int = 3, module_source: Path = ENV_SOURCE):
@@ -89,8 +92,8 @@ class RealServer:
         self.python = python
         self.workdir = workdir
         self.port = port or free_port()
-        self.env = _clean_env({"KILN_INTEROP_MAX_SESSIONS": str(max_sessions),
-                               "KILN_INTEROP_MAX_DELTA": str(max_delta)})
+        self.env = _clean_env({"COUNTER_MAX_SESSIONS": str(max_sessions),
+                               "COUNTER_MAX_DELTA": str(max_delta)})
         self.process: subprocess.Popen | None = None
         self.health_headers: dict = {}  # what the readiness probe sends (a protected server's token)
         self.log_path = workdir / f"server-{self.port}-{max_delta}.log"

@@ -12,7 +12,7 @@ from core.contracts.groups import admit_jsonl
 from openenv.replay import replay
 from openenv.verify import verify
 from tests.openenv.collector_fakes import FakeCounterPolicy, config_for, run_collection
-from tests.openenv.real_server import ENV_SOURCE, RealServer, openenv_python
+from tests.openenv.real_server import TEST_ENVS, RealServer, openenv_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -36,7 +36,7 @@ def test_a_server_that_draws_random_episode_ids_collects_and_replays(tmp_path):
     """OpenEnv's servers give an episode that a reset does not name a random id and may echo it in
     every observation: Kiln names one per seed, so a group's candidates start alike and the replay's
     reset, observations and final state match the collection's."""
-    source = ENV_SOURCE.with_name("kiln_random_id_env.py")
+    source = TEST_ENVS / "kiln_random_id_env.py"
     with RealServer(openenv_python(), tmp_path / "server", max_sessions=4, module_source=source) as server:
         config = config_for([server.url], tmp_path, groups=2, group_size=2, max_steps=4,
                             reset_options={"target": 4})

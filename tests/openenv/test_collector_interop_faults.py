@@ -22,11 +22,11 @@ from core.contracts.groups import admit_jsonl
 from openenv.collector import CollectionError, collect_and_publish
 from openenv.verify import verify
 from tests.openenv.collector_fakes import FakeCounterPolicy, config_for, run_collection
-from tests.openenv.real_server import ENV_SOURCE, RealServer, free_port, openenv_python
+from tests.openenv.real_server import TEST_ENVS, RealServer, free_port, openenv_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
-FLAKY_SOURCE = ENV_SOURCE.with_name("kiln_flaky_env.py")
+FLAKY_SOURCE = TEST_ENVS / "kiln_flaky_env.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The shipped demo model collects real episodes through Kiln's collector, with returns that differ in a group.
 
 Real environments served by openenv==0.10.0 in their own venv, none of them in the warm-up: the
-counter (tests/openenv/interop_env/kiln_interop_env.py, an integer field named like the warm-up's),
+counter (examples/openenv-counter/counter_env.py, an integer field named like the warm-up's),
 a number-guessing game (kiln_guess_env.py, field `guess`) and a paint shop (kiln_paint_env.py, an
 enum field `color`, a name the recipe's second phase holds out). The policy is the real sampler over
 the release, answering Kiln's own system prompt at the collector's default temperature, thinking
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
@@ -29,12 +28,12 @@ from gpu_runtime.sampler import Sampler
 from gpu_runtime.sampling import SamplingParams
 from openenv.collector import PolicyReply
 from tests.openenv.collector_fakes import config_for, run_collection
-from tests.openenv.real_server import ENV_SOURCE, RealServer, openenv_python
+from tests.openenv.real_server import ENV_SOURCE, TEST_ENVS, RealServer, openenv_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
-GUESS_ENV = Path(__file__).with_name("interop_env") / "kiln_guess_env.py"
-PAINT_ENV = Path(__file__).with_name("interop_env") / "kiln_paint_env.py"
+GUESS_ENV = TEST_ENVS / "kiln_guess_env.py"
+PAINT_ENV = TEST_ENVS / "kiln_paint_env.py"
 GROUPS, GROUP_SIZE = 6, 4
 MAX_INVALID_SHARE = 0.75  # at most this share of episodes may end at an invalid action
 

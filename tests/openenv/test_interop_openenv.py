@@ -1,6 +1,6 @@
 """Interop with a real OpenEnv server from PyPI (openenv==0.10.0), run as a separate process.
 
-The environment (tests/openenv/interop_env/kiln_interop_env.py) is a multi-step counter with step
+The environment (examples/openenv-counter/counter_env.py) is a multi-step counter with step
 rewards and an `input_text` observation; a move of 0 raises inside the environment (a recoverable
 EXECUTION_ERROR). A second server has a capacity of one session; two more show that a changed
 action schema changes the identity. See tests/openenv/real_server.py for how the server's own

@@ -1,6 +1,6 @@
 """The interop counter, but its step raises once per episode, on the second move (openenv==0.10.0).
 
-Served like kiln_interop_env.py (tests/openenv/test_collector_interop_faults.py copies both files
+Served like counter_env.py (tests/openenv/test_collector_interop_faults.py copies both files
 out and runs `uvicorn kiln_flaky_env:app`). The server answers the exception with a recoverable
 EXECUTION_ERROR frame and keeps the socket and the episode: the same move sent again succeeds.
 Kiln never imports this file: our package shares the name `openenv`.
@@ -8,7 +8,7 @@ Kiln never imports this file: our package shares the name `openenv`.
 
 from typing import Any
 
-from kiln_interop_env import MAX_SESSIONS, CountAction, CountEnvironment, CountObservation, CountState
+from counter_env import MAX_SESSIONS, CountAction, CountEnvironment, CountObservation, CountState
 from openenv.core.env_server import create_app
 from openenv.core.env_server.types import EnvironmentMetadata
 

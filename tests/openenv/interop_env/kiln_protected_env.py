@@ -1,7 +1,7 @@
-"""The counter environment of kiln_interop_env.py behind a bearer token, as a protected deployment is.
+"""The counter environment of counter_env.py behind a bearer token, as a protected deployment is.
 
 Served by openenv==0.10.0 from its own virtual environment (tests/openenv/real_server.py copies this
-file next to kiln_interop_env.py). Every HTTP request and the WebSocket upgrade must carry
+file next to counter_env.py). Every HTTP request and the WebSocket upgrade must carry
 `Authorization: Bearer $KILN_INTEROP_TOKEN`; anything else gets 401 (HTTP) or a refused upgrade
 (403), before the environment sees it. Requests seen with and without the token are counted in
 the log, so a test can tell that the token was sent where it belongs.
@@ -10,7 +10,7 @@ the log, so a test can tell that the token was sent where it belongs.
 import os
 import sys
 
-from kiln_interop_env import app as environment_app
+from counter_env import app as environment_app
 
 TOKEN = os.environ["KILN_INTEROP_TOKEN"].encode()
 

@@ -3,13 +3,13 @@
 `openenv init`'s template and the counter of the protocol notes give such an episode `uuid4()` as its
 id, keep it in their state and (the counter) echo it in every observation's metadata. Served by
 openenv==0.10.0 from its own virtual environment (tests/openenv/real_server.py copies this file next
-to kiln_interop_env.py, which it builds on). Kiln never imports it.
+to counter_env.py, which it builds on). Kiln never imports it.
 """
 
 import uuid
 from typing import Any
 
-from kiln_interop_env import MAX_SESSIONS, CountAction, CountEnvironment, CountObservation, CountState
+from counter_env import MAX_SESSIONS, CountAction, CountEnvironment, CountObservation, CountState
 from openenv.core.env_server import create_app
 
 

@@ -1,9 +1,14 @@
-"""A small multi-step OpenEnv environment with step rewards and an `input_text` observation.
+"""The counter: a small multi-step OpenEnv environment (PyPI `openenv==0.10.0`) to try Kiln's OpenEnv loop on.
 
-Served by openenv==0.10.0 from its own virtual environment (tests/openenv/real_server.py copies this
-file out and runs it with uvicorn). Kiln never imports it: our package shares the name `openenv`.
-KILN_INTEROP_MAX_DELTA bounds the action (changing it changes the action schema), and
-KILN_INTEROP_MAX_SESSIONS is the server capacity.
+An episode starts at 0 with a target (the reset option `target`; else drawn by seed from the reset
+option `targets`, e.g. [1, 2, 3]; else one of -3..3, by seed). An action `{"delta": n}` with
+1 <= |n| <= COUNTER_MAX_DELTA (default 3; it changes the action schema) moves the counter, and the
+step reward is how much closer it came. The episode ends at the target or after six moves.
+COUNTER_MAX_SESSIONS (default 4) is how many sessions it serves at once.
+
+Serve it with `serve_env.sh` (its own virtual environment: Kiln's own package is also named
+`openenv`, so the two never share an interpreter). Kiln's tests serve this same file
+(tests/openenv/real_server.py), and some of their environments build on it.
 """
 
 import os
@@ -13,8 +18,8 @@ from openenv.core.env_server import Action, Environment, Observation, State, cre
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field
 
-MAX_DELTA = int(os.environ.get("KILN_INTEROP_MAX_DELTA", "3"))
-MAX_SESSIONS = int(os.environ.get("KILN_INTEROP_MAX_SESSIONS", "4"))
+MAX_DELTA = int(os.environ.get("COUNTER_MAX_DELTA", "3"))
+MAX_SESSIONS = int(os.environ.get("COUNTER_MAX_SESSIONS", "4"))
 
 
 class CountAction(Action):

@@ -1,0 +1,60 @@
+"""examples/openenv-counter/serve_env.sh serves the counter as the OpenEnv guide's terminal 2 does.
+
+It reuses the tests' cached `openenv==0.10.0` environment (OPENENV_VENV), as a user's second run
+reuses the one the first created, and is started from the repository root, where Kiln's own
+`openenv` package would shadow the environment's if the script did not run from its own folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.openenv.real_server import free_port, openenv_python, venv_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "examples" / "openenv-counter" / "serve_env.sh"
+
+
+def _wait_for_health(url: str, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"serve_env.sh exited {process.returncode}:\n{log.read_text()}"
+        try:
+            if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"the counter did not answer /health:\n{log.read_text()}")
+
+
+def test_serve_env_serves_the_counter_from_the_repository_root(tmp_path):
+    openenv_python()  # the cached environment (created once, or the test skips without a package index)
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "OPENENV_VENV": str(venv_dir()), "PORT": str(port), "COUNTER_MAX_DELTA": "5",
+           "PYTHONPATH": str(REPO)}  # even with Kiln on the path, the environment's package is the one imported
+    with open(log, "wb") as out:
+        process = subprocess.Popen(["bash", str(SCRIPT)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_health(url, process, log)
+        metadata = httpx.get(url + "/metadata", timeout=5, trust_env=False).json()
+        assert metadata["name"] == "kiln_counter"
+        action = httpx.get(url + "/schema", timeout=5, trust_env=False).json()["action"]
+        assert action["required"] == ["delta"]
+        assert (action["properties"]["delta"]["minimum"], action["properties"]["delta"]["maximum"]) == (-5, 5)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(15)
+    assert "creating" not in log.read_text()  # the cached environment was reused, not rebuilt
