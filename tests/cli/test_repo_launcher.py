@@ -1,0 +1,40 @@
+"""`./kiln` at the repository root runs the guides' commands as they are written (`./kiln serve`,
+`./kiln openenv inspect ...`) from the folder the user is in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _launch(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
+    # A user's shell: none of the test run's settings (its KILN_* and Django settings module).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "DJANGO_"))}
+    env["KILN_HOME"] = str(home)
+    return subprocess.run([str(REPO / "kiln"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_command_runs_the_installed_cli_from_any_folder(tmp_path):
+    done = _launch("openenv", "inspect", "--help", cwd=tmp_path, home=tmp_path / "home")
+    assert done.returncode == 0, done.stderr
+    assert "--environment URL" in done.stdout
+    refused = _launch("openenv", "inspect", "--no-such-flag", cwd=tmp_path, home=tmp_path / "home")
+    assert refused.returncode != 0 and "--no-such-flag" in refused.stderr
+
+
+def test_serve_sets_kiln_up_first_then_runs_kiln_serve(tmp_path):
+    """`./kiln serve` is ./scripts/serve: a fresh KILN_HOME gets the demo model, the demo's settings,
+    a migrated database, the first user and the CLI's token before `kiln serve` runs (here `--help`,
+    so the test does not keep a server)."""
+    home = tmp_path / "home"
+    done = _launch("serve", "--help", cwd=tmp_path, home=home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "usage: kiln serve" in done.stdout
+    assert (home / "models" / "tiny" / "config.json").is_file()
+    assert "[training.defaults]" in (home / "kiln.toml").read_text()
+    assert (home / "cli-token").read_text().startswith("kiln_")
+    assert "log in at http://127.0.0.1:" in done.stdout
