@@ -4,7 +4,8 @@
 
 Prints, for named one-field schemas (`guess`, `message`, `direction`, ...), two fields (`row` +
 `col`), the counter, action schemas as small games declare them (`--games`: rock-paper-scissors,
-blackjack, a trade of an enum side and a bounded quantity, an optional field, ...), and schemas whose
+blackjack, a trade of an enum side and a bounded quantity, an optional field, ...; `--enum-classes`:
+their enum fields typed by Enum classes, `$ref`s into `$defs`), and schemas whose
 field names the tiny model's second warm-up phase holds out,
 how many of `--samples` actions (T = 1.0, through `gpu_runtime.sampler`) pass Kiln's own parser and
 validator, with a few of the answers. MODEL_DIR defaults to the shipped tiny model. This is the
@@ -61,13 +62,20 @@ GAMES = {
 }
 
 
-def game_schema(fields: dict) -> dict:
-    properties = {"metadata": METADATA}
+def game_schema(fields: dict, enum_classes: bool = False) -> dict:
+    """As Pydantic writes it; `enum_classes`: each enum field typed by an Enum class, which Pydantic
+    declares as a `$ref` into `$defs` (Kiln's system prompt shows it inlined)."""
+    properties, definitions = {"metadata": METADATA}, {}
     for key, prop in fields.items():
-        properties[key] = dict(prop, title=key.title())
+        if enum_classes and "enum" in prop:
+            definitions[f"{key.title()}Kind"] = dict(prop, title=f"{key.title()}Kind")
+            properties[key] = {"$ref": f"#/$defs/{key.title()}Kind"}
+        else:
+            properties[key] = dict(prop, title=key.title())
     required = [key for key, prop in fields.items() if "default" not in prop]
-    return {"additionalProperties": False, "properties": properties, "required": required, "title": "Action",
-            "type": "object"}
+    schema = {"additionalProperties": False, "properties": properties, "required": required, "title": "Action",
+              "type": "object"}
+    return {"$defs": definitions, **schema} if definitions else schema
 
 
 def one_field(key: str, prop: dict) -> dict:
@@ -76,9 +84,9 @@ def one_field(key: str, prop: dict) -> dict:
             "title": "Action", "type": "object"}
 
 
-def probe_schemas(pieces: list[str], held_out: int, games: bool = False) -> dict[str, dict]:
+def probe_schemas(pieces: list[str], held_out: int, games: bool = False, enum_classes: bool = False) -> dict[str, dict]:
     if games:
-        return {label: game_schema(fields) for label, fields in GAMES.items()}
+        return {label: game_schema(fields, enum_classes) for label, fields in GAMES.items()}
     from gpu_runtime.tiny_openenv_tasks import action_schema
     from gpu_runtime.tiny_schema_tasks import SchemaEpisodes
 
@@ -102,6 +110,8 @@ def main(argv=None) -> int:
     parser.add_argument("--held-out", type=int, default=8, help="schemas with held-out field names")
     parser.add_argument("--thinking", action="store_true")
     parser.add_argument("--games", action="store_true", help="only the action schemas of small games (GAMES)")
+    parser.add_argument("--enum-classes", action="store_true",
+                        help="with --games: enum fields typed by Enum classes ($defs + $ref, as Pydantic writes them)")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -118,7 +128,7 @@ def main(argv=None) -> int:
     sampler = Sampler(load_model(args.model))
     pieces = letter_pieces(AutoTokenizer.from_pretrained(args.model))
     total = valid_total = 0
-    for label, schema in probe_schemas(pieces, args.held_out, args.games).items():
+    for label, schema in probe_schemas(pieces, args.held_out, args.games, args.enum_classes).items():
         env = {"identity": {"metadata": {"name": "probe", "description": "A probe environment."}},
                "schema": {"action": schema}}
         messages = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": "Make your move."}]

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 
+# Where a schema keeps the definitions its `$ref`s point at (JSON Schema 2020-12, and drafts before it).
+_DEFINITIONS = ("$defs", "definitions")
+# An inlined schema may always grow to this many characters (then to twice the original's size).
+MIN_INLINED_CHARS = 4096
+
 
 def system_prompt(environment: dict) -> str:
     """`environment` is an OpenEnvInspection (`{identity: {metadata: {name, description}}, schema: {action}}`)."""
     meta = environment["identity"]["metadata"]
-    schema = json.dumps(environment["schema"]["action"], sort_keys=True, ensure_ascii=False)
+    schema = json.dumps(inline_definitions(environment["schema"]["action"]), sort_keys=True, ensure_ascii=False)
     return (
         f"You are acting in the OpenEnv environment {meta['name']!r}: {meta['description']}\n"
         "Each turn you receive the environment's latest observation. Reply with exactly one JSON object, "
@@ -22,3 +27,47 @@ def system_prompt(environment: dict) -> str:
         "When an observation carries a non-empty input_text, that text is shown to you verbatim as the "
         "observation; otherwise you see the complete observation JSON."
     )
+
+
+def inline_definitions(schema):
+    """The action schema with each local `{"$ref": "#/$defs/Name"}` replaced by that definition (the
+    reference's sibling keys, such as a field's description, kept over it) and the definitions dropped.
+
+    Why: Pydantic declares a field typed by an Enum class as a reference into `$defs`, so its members
+    sit far from the field; inlined, the field reads as a `Literal` one does (`{"enum": [...], "type":
+    "string"}`), which a model copies more easily. The meaning is the same: actions are still validated
+    against the environment's own schema. A schema with any other reference, a recursive one or none
+    is shown as it is."""
+    if not isinstance(schema, dict):
+        return schema
+    kept = [key for key in _DEFINITIONS if isinstance(schema.get(key), dict)]
+    if not kept:
+        return schema
+    definitions = {f"#/{key}/{name}": value for key in kept for name, value in schema[key].items()}
+
+    def inline(node, seen: tuple):
+        if isinstance(node, list):
+            return [inline(item, seen) for item in node]
+        if not isinstance(node, dict):
+            return node
+        reference = node.get("$ref")
+        if reference is None:
+            return {key: inline(value, seen) for key, value in node.items()}
+        if reference not in definitions or reference in seen:
+            raise _NotInlinable
+        siblings = {key: inline(value, seen) for key, value in node.items() if key != "$ref"}
+        return {**inline(definitions[reference], (*seen, reference)), **siblings}
+
+    try:
+        body = inline({key: value for key, value in schema.items() if key not in kept}, ())
+    except _NotInlinable:
+        return schema
+    # A definition referenced from many places would be repeated at each: past twice the size, the
+    # references are the shorter way to say it.
+    if len(json.dumps(body)) > max(2 * len(json.dumps(schema)), MIN_INLINED_CHARS):
+        return schema
+    return body
+
+
+class _NotInlinable(Exception):
+    """A reference outside the schema's definitions, or one that reaches itself."""
