@@ -67,8 +67,8 @@ SCHEMA_OPENENV_FRACTION = 0.20  # the first phase's counter and bandit episodes;
 # The third phase (the values a schema allows: enum members, integer bounds; gpu_runtime/tiny_value_tasks.py)
 # continues from the second the same way, on its own stream (seed + 2), so the demo model answers
 # rock-paper-scissors with a listed move rather than a word of its own (docs/tiny-model.md, step 6).
-DEFAULT_VALUE_STEPS = 900
-VALUE_LEARNING_RATE = 1.5e-3
+DEFAULT_VALUE_STEPS = 1500
+VALUE_LEARNING_RATE = 2e-3
 SCHEMA_PROBES = 64  # held-out-key schemas in the recorded validity measurement
 SCHEMA_TEMPERATURE = 1.0  # the OpenEnv collector's default
 EVAL_PROMPTS = 200

@@ -14,9 +14,11 @@ request body is the guide's, with no optimizer, learning rate or LoRA shape of i
 
 The improvement is then measured paired over the 200 held-out prompts (the same suite, generation
 settings and seed in both gates): base (round one's baseline arm) against round two (round two's
-candidate arm). Measured on the current release (2026-12-03): base 83/200, round one 104/200 (23
-better, 2 worse), round two 115/200 (11 better, 0 worse), so +0.16 after two rounds, 33 prompts
-better and one worse (one-sided p 2.0e-9). On the previous release, whose open sums started lower:
+candidate arm). Measured on the current release (2026-12-05, the third warm-up phase of 1,500
+steps): base 71/200, round one 90/200 (21 better, 2 worse), round two 106/200 (17 better, 1 worse),
+so +0.175 after two rounds, 38 prompts better and 3 worse (one-sided p 5.2e-9). On the second-phase
+release (2026-12-03): 83 -> 104 -> 115 of 200, +0.16, 33 better and one worse (p 2.0e-9). On the
+release before it, whose open sums started lower:
 21 -> 34 -> 67 of 200, +0.23, 46 better and none worse (p 1.4e-14). Before each request's random stream was seeded by its prompt too
 (gpu_runtime.sequence.stream_seed), completion j of every task shared its draws and round two
 gained only 15: 21 -> 38 -> 53, +0.16. The recorded loop moves each

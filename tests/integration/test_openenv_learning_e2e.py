@@ -20,13 +20,14 @@ number from the text, which one round on the tiny model barely starts: +0.12, p 
 target is in the observation's text; the warm-up taught the demo model the shape of an action,
 never this environment. Thinking is off (the tiny model's reasoning is noise).
 
-Measured on the current release (2026-12-05, with the third warm-up phase; 80 held-out groups): the
-base model's held-out mean return 0.40; after one round (AdamW 3e-4, LoRA r8) 1.33 (63 groups better,
-0 worse, 17 tied: p = 2.2e-19). The worse run (lr 3e-2) writes no valid action any more: -1 on every
-episode (the protocol-error reward), 9 better / 70 worse / 1 tied, p = 7.8e-13, `rejected`. This
-release acts validly more often, so its base starts higher, and a round at the previous AdamW 1e-4
-moved it only to 0.53 (16 better, 1 worse, 63 tied): the adapter sampled the base's actions in most
-groups. On the second-phase release (2026-12-04): -0.15 -> 0.79 at 1e-4 (66 / 3 / 11, p = 1.9e-16),
+Measured on the current release (2026-12-05, the third warm-up phase of 1,500 steps; 80 held-out
+groups): the base model's held-out mean return -0.13; after one round (AdamW 3e-4, LoRA r8) 1.49 (75
+groups better, 2 worse, 3 tied: p = 4.0e-20). The worse run (lr 3e-2) writes no valid action any
+more: -1 on every episode (the protocol-error reward), 13 better / 58 worse / 9 tied, p = 6.3e-8,
+`rejected`. On the previous release (the 900-step third phase): 0.40 -> 1.33 (63 / 0 / 17, p =
+2.2e-19), the worse run 9 / 70 / 1, p = 7.8e-13; it acted validly more often than the release before
+it, so its base started higher, and a round at the previous AdamW 1e-4 moved it only to 0.53 (16
+better, 1 worse, 63 tied): the adapter sampled the base's actions in most groups. On the second-phase release (2026-12-04): -0.15 -> 0.79 at 1e-4 (66 / 3 / 11, p = 1.9e-16),
 the worse run 21 / 58 / 1, p = 3.8e-5. With the first 40 of
 those groups (the test's size until 2026-12-04) the worse run was 12 / 28, p = 0.017: a third of
 the gate's 0.05, too thin a margin for another CPU's sampling, so the evaluation doubled (about 30 s

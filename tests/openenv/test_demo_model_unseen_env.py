@@ -36,6 +36,11 @@ GUESS_ENV = TEST_ENVS / "kiln_guess_env.py"
 PAINT_ENV = TEST_ENVS / "kiln_paint_env.py"
 GROUPS, GROUP_SIZE = 6, 4
 MAX_INVALID_SHARE = 0.75  # at most this share of episodes may end at an invalid action
+# At least this many groups must have returns that differ. Not all: a group can also be equal
+# because every episode solved it alike (the release guesses a range's low end first, and seed 0's
+# secret is 1: four returns of 1.0), which is success, not the failure guarded here (every episode
+# ending at an invalid first action).
+MIN_CONTRASTED = 4  # of GROUPS (6): two thirds
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +73,10 @@ class SamplerPolicy:
 
 
 # Known gaps of the release (docs/tiny-model.md, "OpenEnv environments with any action fields"), measured
-# 2026-12-05: paint (a held-out name and an enum) has contrast in 3 / 2 of 6 groups (thinking off / on);
-# `guess` with thinking on has contrast in 6 of 6 groups and 18 of 24 episodes end at an invalid later
-# action, exactly the bound. Not strict: they sit near their bounds, and another CPU samples other tokens.
+# 2026-12-05 on the 1,500-step third phase: paint (a held-out name and an enum) has 20 / 23 of 24
+# episodes ending at an invalid action and contrast in 3 / 1 of 6 groups (thinking off / on); `guess`
+# with thinking on passes (16 of 24 invalid, the bound 18; contrast in 6 of 6) but was at its bound on
+# the previous release. Not strict: they sit near their bounds, and another CPU samples other tokens.
 GAP = pytest.mark.xfail(strict=False, reason="a known gap of the demo model (docs/tiny-model.md)")
 CASES = [
     pytest.param(ENV_SOURCE, False, id="counter-thinking-off"),
@@ -96,4 +102,4 @@ def test_the_demo_model_gets_different_returns_within_groups(sampler, loaded, tm
     print(f"thinking {thinking}: episodes ended by an invalid action {stats['invalid_model_action_count']}/{episodes}, "
           f"groups with different returns {contrasted}/{GROUPS}, returns {returns}")
     assert stats["invalid_model_action_count"] <= episodes * MAX_INVALID_SHARE
-    assert contrasted >= GROUPS - 1
+    assert contrasted >= MIN_CONTRASTED

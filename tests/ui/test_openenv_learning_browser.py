@@ -8,8 +8,8 @@ option, thinking off, AdamW 3e-4 as the training config, LoRA rank 8, 80 x 4 hel
 gate with min_mean_improvement 0.1), submits, and watches the card go to `completed` without a
 reload; the card shows the gate's outcome (`promoted`), its counts and exact p, which the test
 checks against the run's status and a sign test computed here; the adapter then serves. The run
-is seeded, so it measures what the CLI run measures (on the release of 2026-12-05: held-out return
-0.40 -> 1.33, 63 better, 0 worse, 17 tied). About 3 minutes. Screenshot: /tmp/kiln-ui-openenv-learning.png.
+is seeded, so it measures what the CLI run measures (on the current release: held-out return
+-0.13 -> 1.49, 75 better, 2 worse, 3 tied). About 3 minutes. Screenshot: /tmp/kiln-ui-openenv-learning.png.
 """
 
 from __future__ import annotations
