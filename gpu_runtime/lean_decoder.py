@@ -130,11 +130,12 @@ def _chunked_fits(plan: Plan, batch: int, length: int, keys: int, device) -> boo
     )
 
 
-def _row_groups(starts: list[int], past_length: int) -> tuple[RowGroup, ...]:
-    """Runs of consecutive rows with one first real column (a GRPO group's samples make one run)."""
+def _row_groups(starts: list[int], past_length: int, one_row_each: bool = False) -> tuple[RowGroup, ...]:
+    """Runs of consecutive rows with one first real column (a GRPO group's samples make one run).
+    `one_row_each`: every row its own group (see `forward`)."""
     groups, first = [], 0
     for row in range(1, len(starts) + 1):
-        if row == len(starts) or starts[row] != starts[first]:
+        if row == len(starts) or one_row_each or starts[row] != starts[first]:
             groups.append(RowGroup(first, row, starts[first], max(0, starts[first] - past_length)))
             first = row
     return tuple(groups)
@@ -292,7 +293,12 @@ def forward(
     if starts is not None:
         if mask is not None:
             raise ValueError("pass either `starts` or `mask`, not both")
-        how = Attention(None, None, False, groups=_row_groups(starts, past_length))
+        # A decode step (one query a row) on several CPU threads attends row by row: there SDPA's flash
+        # kernel splits a call's work across threads by how many rows the call has, and a row's sums
+        # came out differently in a call of two rows than alone (2-8 threads, measured 2026-12-05);
+        # one row a call is exactly the call it makes alone. Prefill, and one thread, keep their runs.
+        one_row_each = ids.shape[1] == 1 and ids.device.type == "cpu" and torch.get_num_threads() > 1
+        how = Attention(None, None, False, groups=_row_groups(starts, past_length, one_row_each))
     else:
         how = _attention_for(plan, ids.shape[0], ids.shape[1], past_length + ids.shape[1], mask, ids.device)
     if checkpoint_segments and torch.is_grad_enabled() and past is None:

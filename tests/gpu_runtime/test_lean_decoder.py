@@ -201,16 +201,21 @@ def test_left_padded_prefill_then_decode_matches_full_forwards():
 
 
 @pytest.mark.skipif(onednn_linear.onednn_problem() is not None, reason=f"{onednn_linear.onednn_problem()}")
-def test_rows_attending_by_start_get_bitwise_their_logits_alone():
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_rows_attending_by_start_get_bitwise_their_logits_alone(threads):
     """The sampler's batch-invariant path: a packed plan, rows left-padded and attending from their
     first real column (`starts`), prefilled together and decoded over a LeanCache. Each row's logits
-    equal, bit for bit, those it gets alone (two rows share a start: one attention group), and its
-    own unpadded full forward's to rounding."""
+    equal, bit for bit, those it gets alone (rows that share a start make one attention group in the
+    prefill), and its own unpadded full forward's to rounding, at one thread and at several (where a
+    decode step's SDPA call splits its work by its row count, so decode attends row by row)."""
     model = _model("qwen3")
     plan, problem = packed_linear.packed_plan(lean_decoder.plan_for(model, merge_lora=True))
     assert problem is None and isinstance(plan, packed_linear.PackedPlan)
-    rows = [[5, 9, 14, 3, 22, 7], [8, 41, 2], [8, 41, 7], [17, 4, 4, 90]]
-    steps = [[11, 12], [60, 61], [60, 3], [1, 2]]
+    shared = [(7 * i) % 97 + 1 for i in range(40)]  # two long rows with one start
+    rows = [[5, 9, 14, 3, 22, 7], [8, 41, 2], [8, 41, 7], [17, 4, 4, 90], shared, shared[:-1] + [3]]
+    steps = [[11, 12], [60, 61], [60, 3], [1, 2], [5, 6], [7, 8]]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
 
     def run(prompts, tokens):
         width = max(len(r) for r in prompts)
@@ -228,12 +233,15 @@ def test_rows_attending_by_start_get_bitwise_their_logits_alone():
                 logits.append(packed_linear.lm_logits(plan, hidden[:, -1]))
         return torch.stack(logits, 1)  # (rows, steps, vocab)
 
-    together = run(rows, steps)
-    for row, (prompt, tokens) in enumerate(zip(rows, steps, strict=True)):
-        assert torch.equal(together[row], run([prompt], [tokens])[0])
-        with torch.no_grad():
-            full = model(input_ids=torch.tensor([prompt + tokens])).logits[0]
-        torch.testing.assert_close(together[row], full[len(prompt) - 1 : len(prompt) + 2], atol=2e-5, rtol=0)
+    try:
+        together = run(rows, steps)
+        for row, (prompt, tokens) in enumerate(zip(rows, steps, strict=True)):
+            assert torch.equal(together[row], run([prompt], [tokens])[0]), row
+            with torch.no_grad():
+                full = model(input_ids=torch.tensor([prompt + tokens])).logits[0]
+            torch.testing.assert_close(together[row], full[len(prompt) - 1 : len(prompt) + 2], atol=2e-5, rtol=0)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_batch_invariant_silu_rounds_a_row_alike_in_any_batch():
