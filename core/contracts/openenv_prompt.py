@@ -40,10 +40,10 @@ def inline_definitions(schema):
     is shown as it is."""
     if not isinstance(schema, dict):
         return schema
-    kept = [key for key in _DEFINITIONS if isinstance(schema.get(key), dict)]
-    if not kept:
+    containers = [key for key in _DEFINITIONS if isinstance(schema.get(key), dict)]
+    if not containers:
         return schema
-    definitions = {f"#/{key}/{name}": value for key in kept for name, value in schema[key].items()}
+    definitions = {f"#/{key}/{name}": value for key in containers for name, value in schema[key].items()}
 
     def inline(node, seen: tuple):
         if isinstance(node, list):
@@ -51,7 +51,7 @@ def inline_definitions(schema):
         if not isinstance(node, dict):
             return node
         reference = node.get("$ref")
-        if reference is None:
+        if not isinstance(reference, str):  # no reference here (or a property that is named "$ref")
             return {key: inline(value, seen) for key, value in node.items()}
         if reference not in definitions or reference in seen:
             raise _NotInlinable
@@ -59,7 +59,7 @@ def inline_definitions(schema):
         return {**inline(definitions[reference], (*seen, reference)), **siblings}
 
     try:
-        body = inline({key: value for key, value in schema.items() if key not in kept}, ())
+        body = inline({key: value for key, value in schema.items() if key not in containers}, ())
     except _NotInlinable:
         return schema
     # A definition referenced from many places would be repeated at each: past twice the size, the

@@ -50,6 +50,9 @@ def test_schemas_it_cannot_inline_are_shown_as_they_are():
               "properties": {"a": {"$ref": "https://example.com/a.json"}}}
     assert inline_definitions(remote) is remote
     plain = {"type": "object", "properties": {"delta": {"type": "integer"}}}
+    named_ref = {"type": "object", "$defs": {"A": {"type": "string"}},
+                 "properties": {"$ref": {"type": "string"}, "a": {"$ref": "#/$defs/A"}}}  # a field called "$ref"
+    assert inline_definitions(named_ref)["properties"] == {"$ref": {"type": "string"}, "a": {"type": "string"}}
     assert inline_definitions(plain) is plain
     assert system_prompt(_environment(plain)).count(json.dumps(plain, sort_keys=True)) == 1
     # one large definition used many times would be repeated at each use: kept as references
