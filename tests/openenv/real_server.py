@@ -82,6 +82,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_until_healthy(url: str, process: subprocess.Popen, log_tail, headers: dict | None = None) -> None:
+    """Until the server started as `process` answers `url`/health with 200; it exiting first, or
+    START_TIMEOUT_S passing, raises with `log_tail()` (its log's last lines)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the OpenEnv server exited ({process.returncode}):\n{log_tail()}")
+        try:
+            if httpx.get(url + "/health", headers=headers or {}, timeout=2, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"the OpenEnv server did not answer /health in {START_TIMEOUT_S} s:\n{log_tail()}")
+
+
 class RealServer:
     """`uvicorn <module>:app` on 127.0.0.1 (counter_env by default), started from a scratch folder.
     Another `module_source` is copied next to counter_env.py, which it may build on."""
@@ -112,19 +128,12 @@ class RealServer:
              "--port", str(self.port), "--log-level", "warning"],
             cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the OpenEnv server exited ({self.process.returncode}):\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", headers=self.health_headers, timeout=2,
-                             trust_env=False).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"the OpenEnv server did not answer /health in {START_TIMEOUT_S} s:\n{self.log_tail()}")
+        try:
+            wait_until_healthy(self.url, self.process, self.log_tail, headers=self.health_headers)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

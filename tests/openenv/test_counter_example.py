@@ -10,31 +10,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.openenv.real_server import free_port, openenv_python, venv_dir
+from tests.openenv.real_server import free_port, openenv_python, venv_dir, wait_until_healthy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "openenv-counter" / "serve_env.sh"
-
-
-def _wait_for_health(url: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"serve_env.sh exited {process.returncode}:\n{log.read_text()}"
-        try:
-            if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"the counter did not answer /health:\n{log.read_text()}")
 
 
 def test_serve_env_serves_the_counter_from_the_repository_root(tmp_path):
@@ -48,7 +34,7 @@ def test_serve_env_serves_the_counter_from_the_repository_root(tmp_path):
                                    start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for_health(url, process, log)
+        wait_until_healthy(url, process, log.read_text)
         metadata = httpx.get(url + "/metadata", timeout=5, trust_env=False).json()
         assert metadata["name"] == "kiln_counter"
         action = httpx.get(url + "/schema", timeout=5, trust_env=False).json()["action"]
