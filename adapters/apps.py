@@ -6,7 +6,10 @@ class AdaptersConfig(AppConfig):
     verbose_name = "Adapters"
 
     def ready(self):
+        from adapters.metrics import register_families
         from core.jobs.kinds import JobKind, register_job_kind
+
+        register_families()  # the promotions gauge of GET /metrics
 
         # The serving canary and the activation it guards (adapters.activation); the control worker asks
         # the GPU worker to generate, so a crash of either fails the job and its promotion, never half-active.

@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "core",
     "core.accounts",
     "core.jobs",
+    "core.metrics",
     "adapters.serving",
     "kiln_project.ui",
     "adapters",

@@ -21,7 +21,10 @@ class OpenEnvConfig(AppConfig):
 
         from core.jobs.kinds import JobKind, register_job_kind
         from core.jobs.models import JobEvent
+        from openenv.metrics import register_families
         from openenv.training.follow import on_job_event
+
+        register_families()  # the kiln_openenv_* families of GET /metrics
 
         register_job_kind(JobKind(name="openenv.run", queue="control", handler="openenv.runs.jobs:run_openenv_job",
                                   category="openenv", on_unsuccessful="openenv.runs.services:run_job_unsuccessful"))

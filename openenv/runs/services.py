@@ -44,6 +44,7 @@ from django.utils import timezone
 from core.artifacts import write_file
 from core.db_locks import serialize
 from core.errors import KilnError
+from openenv import metrics
 from openenv.collector.errors import FAILURE_CODES, checked_failure, failure_record
 from openenv.models import (
     ACTIVE_STATES,
@@ -117,6 +118,7 @@ def _same_or_conflict(existing: OpenEnvRun, digest: str) -> tuple[OpenEnvRun, bo
                         f"idempotency key {existing.idempotency_key!r} already names run {existing.id} with a "
                         "different request", status=409,
                         hint="retry with the exact same body, or use a new idempotency_key for a new run")
+    metrics.count_submission(replayed=True)
     return existing, False
 
 
@@ -180,6 +182,7 @@ def run_submit(*, request: dict, user=None, seal=None) -> tuple[OpenEnvRun, bool
                           "rollouts_total": request["groups"] * request["group_size"]},
                 submitted_by=user if getattr(user, "is_authenticated", False) else None)
             run_record_write(run)
+            metrics.count_submission(replayed=False)
             return run, True
 
     for _attempt in range(WRITE_ATTEMPTS):
@@ -306,6 +309,11 @@ def run_transition(run: OpenEnvRun, *, from_states, **fields) -> bool:
                 return False
             run.refresh_from_db()
             run_record_write(run)
+            # Counted in the transition's own transaction: once, and only if the transition commits.
+            if fields.get("failure") is not None:
+                metrics.count_failure(fields["failure"])
+            if fields.get("rollout_stats") is not None:
+                metrics.count_collection(fields["rollout_stats"])
             return True
 
     changed = _retrying(update)

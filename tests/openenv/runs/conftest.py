@@ -81,6 +81,19 @@ def rollout_body(url, **overrides):
     return body
 
 
+def metric(api, name, **labels) -> float:
+    """One series of GET /metrics as Prometheus's own parser reads it (counters by their `_total` name)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = api.get("/metrics")
+    assert response.status_code == 200, response.content
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    raise AssertionError(f"no series {name}{labels} in GET /metrics")
+
+
 def error_of(response, status, code):
     assert response.status_code == status, response.content
     body = response.json()

@@ -14,7 +14,7 @@ from core.jobs.worker_state import recover_queues
 from openenv.models import OpenEnvRun
 from openenv.runs.request import normalize, request_digest
 from openenv.runs.services import runs_restore
-from tests.openenv.runs.conftest import error_of, post_run, rollout_body
+from tests.openenv.runs.conftest import error_of, metric, post_run, rollout_body
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]
 
@@ -70,6 +70,11 @@ def test_idempotent_retry_is_200_and_a_changed_reuse_is_409(api, home):
     error = error_of(post_run(api, dict(body, groups=3)), 409, "openenv_run_idempotency_conflict")
     assert created.json()["run_id"] in error["message"]
     assert OpenEnvRun.objects.count() == 1
+    # GET /metrics: one accepted, one answered from its key (the refused reuse counts as neither)
+    assert metric(api, "kiln_openenv_runs_total", status="accepted") == 1
+    assert metric(api, "kiln_openenv_runs_total", status="idempotent_replay") == 1
+    assert metric(api, "kiln_openenv_tracked_runs", state=OpenEnvRun.objects.get().state) == 1
+    assert "experiment" not in api.get("/metrics").content.decode()  # keys are never labels
 
 
 def test_the_tracked_map_full_is_503_and_terminal_runs_are_evicted(api, home, bounds):
@@ -174,6 +179,8 @@ def test_restart_fails_the_running_run_and_resumes_the_queued_ones_in_order(api,
     assert failure["schema"] == "kiln.openenv-run-failure.v1"
     assert (failure["code"], failure["stage"], failure["retryable"]) == ("run_interrupted", "restoration", True)
     assert "collecting" in failure["message"]
+    assert metric(api, "kiln_openenv_run_failures_total", stage="restoration", code="run_interrupted",
+                  retryable="true") == 1
     resumed = api.get(f"/v1/openenv/runs/{waiting['run_id']}").json()
     assert resumed["state"] == "discovering" and resumed["job_id"]
     assert Job.objects.get(uuid=resumed["job_id"]).state == JobState.QUEUED

@@ -23,7 +23,7 @@ from core.jobs.runner import run_queued_jobs
 from openenv.models import ACTIVE_STATES, OpenEnvRun
 from openenv.runs.services import runs_restore
 from tests.openenv.collector_fakes import FakeCounterPolicy
-from tests.openenv.runs.conftest import error_of, post_run, rollout_body
+from tests.openenv.runs.conftest import error_of, metric, post_run, rollout_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -59,6 +59,18 @@ def test_a_rollout_run_publishes_its_artifacts_and_downloads_recheck_them(api, h
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["stats"] == stats and summary["groups"] == 2 and summary["seed_start"] == 100
     assert Job.objects.get(uuid=done["job_id"]).state == "completed"
+    # GET /metrics counts the published collection with the summary's own numbers, and no label names it
+    assert metric(api, "kiln_openenv_episodes_total") == 4
+    assert metric(api, "kiln_openenv_episode_terminations_total", termination="done") == 4
+    assert metric(api, "kiln_openenv_episode_terminations_total", termination="protocol_error") == 0
+    assert metric(api, "kiln_openenv_environment_steps_total") == stats["total_environment_steps"] > 0
+    assert metric(api, "kiln_openenv_model_tokens_total") == stats["total_model_tokens"]
+    assert metric(api, "kiln_openenv_model_latency_seconds_total") == pytest.approx(
+        stats["mean_model_latency_ms"] * 4 / 1000)
+    assert metric(api, "kiln_openenv_tracked_runs", state="rollout_ready") == 1
+    assert metric(api, "kiln_jobs", kind="openenv.run", state="completed") == 1
+    exposition = api.get("/metrics").content.decode()
+    assert run["run_id"] not in exposition and counter.url not in exposition and "127.0.0.1" not in exposition
 
     for artifact in done["artifacts"]:
         response = api.get(artifact["url"])

@@ -1,0 +1,193 @@
+"""Kiln's Prometheus metrics (core.metrics): closed label sets, counters as rows counted in the
+caller's transaction, gauges read at scrape time, and GET /metrics with the API's auth, parsed by
+Prometheus's own text parser (prometheus_client)."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+from django.db import close_old_connections, transaction
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from core.accounts.services import token_create, user_create
+from core.metrics import families
+from core.metrics.families import MetricError, register, series_key
+from core.metrics.selectors import CONTENT_TYPE, exposition
+from core.metrics.services import counter_add
+
+
+def scrape(text: str) -> dict:
+    """{(name, frozenset(labels)): value} as Prometheus reads the exposition (counters' samples end in _total)."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+@pytest.fixture
+def test_families():
+    """Families declared for one test, removed after it (the registry is the process's)."""
+    before = dict(families._FAMILIES)
+    register("kiln_test_events_total", "counter", "Test events by colour.", colour=("red", "blue"))
+    register("kiln_test_plain_total", "counter", "Test events without labels.")
+    yield
+    families._FAMILIES.clear()
+    families._FAMILIES.update(before)
+
+
+# --- declarations ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, kind, help_text, labels, says", [
+    ("events_total", "counter", "h", {}, "must match"),  # no kiln_ prefix
+    ("kiln_events", "counter", "h", {}, "ends in _total"),
+    ("kiln_events_total", "histogram", "h", {}, "kind must be"),
+    ("kiln_events_total", "counter", "", {}, "help text"),
+    ("kiln_events_total", "counter", "two\nlines", {}, "help text"),
+    ("kiln_events_total", "counter", "h", {"Colour": ("red",)}, "label name"),
+    ("kiln_events_total", "counter", "h", {"colour": ()}, "at least one value"),
+    ("kiln_events_total", "counter", "h", {"colour": ('re"d',)}, "plain word"),
+    ("kiln_events_total", "counter", "h", {"url": ("http://x/y z",)}, "plain word"),
+])
+def test_a_bad_declaration_is_refused(name, kind, help_text, labels, says):
+    with pytest.raises(MetricError, match=says):
+        register(name, kind, help_text, **labels)
+    assert name not in families._FAMILIES
+
+
+def test_a_series_takes_exactly_the_declared_labels_with_closed_values(test_families):
+    assert series_key("kiln_test_events_total", {"colour": "red"}) == 'colour="red"'
+    assert series_key("kiln_test_plain_total", {}) == ""
+    with pytest.raises(MetricError, match="not a value"):
+        series_key("kiln_test_events_total", {"colour": "green"})
+    with pytest.raises(MetricError, match="takes labels"):
+        series_key("kiln_test_events_total", {})
+    with pytest.raises(MetricError, match="takes labels"):
+        series_key("kiln_test_events_total", {"colour": "red", "run_id": "abc"})
+    with pytest.raises(MetricError, match="no metric family"):
+        series_key("kiln_test_unknown_total", {})
+    register("kiln_test_events_total", "counter", "Test events by colour.", colour=("red", "blue"))  # the same again
+    with pytest.raises(MetricError, match="already declared differently"):
+        register("kiln_test_events_total", "counter", "Test events by colour.", colour=("red",))
+
+
+# --- counting ----------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_counters_accumulate_and_render_for_prometheus(test_families):
+    counter_add("kiln_test_events_total", colour="red")
+    counter_add("kiln_test_events_total", 2.5, colour="red")
+    counter_add("kiln_test_events_total", 0, colour="blue")
+    counter_add("kiln_test_plain_total", 7)
+    samples = scrape(exposition())
+    assert samples[("kiln_test_events_total", frozenset({("colour", "red")}))] == 3.5
+    # a small family lists its series before their first event
+    assert samples[("kiln_test_events_total", frozenset({("colour", "blue")}))] == 0
+    assert samples[("kiln_test_plain_total", frozenset())] == 7
+    text = exposition()
+    assert "# TYPE kiln_test_events_total counter" in text and 'kiln_test_plain_total 7\n' in text
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("amount", [-1, math.nan, math.inf, True, "2"])
+def test_a_counter_never_goes_down_or_takes_a_non_number(test_families, amount):
+    with pytest.raises(MetricError, match="finite amount"):
+        counter_add("kiln_test_plain_total", amount)
+    assert scrape(exposition())[("kiln_test_plain_total", frozenset())] == 0
+
+
+@pytest.mark.django_db
+def test_a_gauge_cannot_be_counted(test_families):
+    with pytest.raises(MetricError, match="not a counter"):
+        counter_add("kiln_jobs", kind="other", state="queued")
+
+
+@pytest.mark.django_db
+def test_a_count_commits_or_rolls_back_with_the_change_it_counts(test_families):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        counter_add("kiln_test_plain_total", 5)
+        raise RuntimeError("the counted change failed")
+    counter_add("kiln_test_plain_total", 1)
+    assert scrape(exposition())[("kiln_test_plain_total", frozenset())] == 1
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_first_counts_of_one_series_lose_nothing(test_families):
+    """Eight threads race to create the series' row and then keep counting: the total is exact
+    (the integration lane runs this on PostgreSQL)."""
+    start = threading.Barrier(8)
+    errors = []
+
+    def count():
+        try:
+            start.wait()
+            for _ in range(25):
+                counter_add("kiln_test_events_total", colour="blue")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            close_old_connections()
+
+    threads = [threading.Thread(target=count) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert scrape(exposition())[("kiln_test_events_total", frozenset({("colour", "blue")}))] == 200
+
+
+# --- gauges ------------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_the_jobs_gauge_counts_rows_by_kind_and_state():
+    from django.utils import timezone
+
+    from core.jobs.models import Job
+
+    for state in ("queued", "queued", "failed"):
+        Job.objects.create(kind="adapter.activate", queue="control", state=state)
+    Job.objects.create(kind="adapter.activate", queue="control", state="failed", deleted_at=timezone.now())
+    Job.objects.create(kind="plugin.gone", queue="control", state="completed")  # its module is no longer loaded
+    samples = scrape(exposition())
+
+    def jobs(kind, state):
+        return samples.get(("kiln_jobs", frozenset({("kind", kind), ("state", state)})), 0)
+
+    assert (jobs("adapter.activate", "queued"), jobs("adapter.activate", "failed")) == (2, 1)
+    assert jobs("other", "completed") == 1 and jobs("training.grpo", "queued") == 0
+    assert not any(dict(labels).get("kind") == "plugin.gone" for _, labels in samples)
+
+
+# --- the route ---------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_get_metrics_needs_the_apis_credentials(client, settings):
+    refused = client.get("/metrics")
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "unauthorized" and refused.json()["error"]["hint"]
+    user_create(username="alice", password="long-enough-pw")
+    api = Client(headers={"Authorization": f"Bearer {token_create(username='alice')[1]}"})
+    response = api.get("/metrics")
+    assert response.status_code == 200 and response["Content-Type"] == CONTENT_TYPE
+    assert response["Cache-Control"] == "no-store"
+    names = {family.name for family in text_string_to_metric_families(response.content.decode())}
+    assert {"kiln_jobs", "kiln_openenv_tracked_runs", "kiln_openenv_runs", "kiln_openenv_episode_terminations"} <= names
+    head = api.head("/metrics")
+    assert head.status_code == 200 and head.content == b"" and int(head["Content-Length"]) > 0
+    posted = api.post("/metrics")
+    assert posted.status_code == 405 and posted.json()["error"]["code"] == "method_not_allowed"
+    assert posted["Allow"] == "GET, HEAD"
+
+
+@pytest.mark.django_db
+def test_programs_on_this_machine_scrape_without_a_token_where_the_demo_allows_it(client, settings):
+    from dataclasses import replace
+
+    settings.KILN = replace(settings.KILN, allow_anonymous_api=True)
+    assert client.get("/metrics").status_code == 200  # the test client's REMOTE_ADDR is 127.0.0.1
+    assert client.get("/metrics", headers={"Origin": "http://evil.example"}).status_code == 401
