@@ -66,7 +66,10 @@ class KilnWorkerMiddleware(Middleware):
         if "infer" in queues:
             # The GPU worker keeps the model resident; loading runs in the background and its
             # outcome (loaded, or why not) is published in the heartbeat.
+            from adapters.metrics import INFERENCE
             from adapters.serving.runtime_host import start_model_host
+
+            INFERENCE.start()  # the kiln_inference_* counts of GET /metrics, written every few seconds
 
             host = start_model_host()
             if not host.wait_settled(shutting_down):
@@ -95,5 +98,9 @@ class KilnWorkerMiddleware(Middleware):
         from core.jobs.worker_state import stop_worker
 
         stop_worker()
+        if "infer" in os.environ.get("KILN_WORKER_QUEUES", ""):
+            from adapters.metrics import INFERENCE
+
+            INFERENCE.stop()  # what the last interval counted
         if self.device_lock is not None:
             self.device_lock.release()

@@ -318,24 +318,30 @@ def _final_chunks(response: dict, *, include_usage: bool) -> list[dict]:
 def handle_chat_completion(raw_body: dict, emit, reader_gone=None) -> None:
     """The `infer` actor's work: ends with exactly one `done` or `error` event, or with none when
     `reader_gone()` says nobody waits any more (its requests are then cancelled, not finished)."""
+    from adapters.metrics import count_inference
     from adapters.serving.limits import hint_for
     from adapters.serving.schemas import ChatCompletionRequest
 
+    started = time.monotonic()
     try:
         body = ChatCompletionRequest.model_validate(raw_body)
         response = chat_completion(body, emit=emit if body.stream else None, reader_gone=reader_gone)
     except ReaderGone:
         log.info("chat completion abandoned by its reader: generation stopped")
+        count_inference("abandoned", time.monotonic() - started)
         return
     except KilnError as exc:
+        count_inference("failed", time.monotonic() - started)
         emit({"type": "error", "code": exc.code, "message": exc.message, "hint": exc.hint or hint_for(exc.code),
               "status": exc.status})
         return
     except Exception as exc:  # noqa: BLE001 - reported to the caller, logged here
         log.exception("chat completion failed")
+        count_inference("failed", time.monotonic() - started)
         emit({"type": "error", "code": "inference_failed", "message": f"{type(exc).__name__}: {exc}"[:500],
               "hint": hint_for("inference_failed"), "status": 500})
         return
+    count_inference("completed", time.monotonic() - started, response["usage"])
     if body.stream:
         emit({"type": "done", "final_chunks": _final_chunks(response, include_usage=body.include_usage)})
     else:

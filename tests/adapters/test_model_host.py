@@ -66,6 +66,9 @@ def test_a_request_whose_reader_left_stops_generating(tiny_model_dir, monkeypatc
             gone_at.setdefault("t", time.monotonic())
             return True
 
+        from adapters.metrics import INFERENCE
+
+        before = INFERENCE.pending()
         runtime_host.handle_chat_completion(body, events.append, reader_gone)
         stopped = time.monotonic()
         assert stopped - gone_at["t"] < 2.0  # cancelled at the next check, not after 4 x 4000 tokens
@@ -78,6 +81,13 @@ def test_a_request_whose_reader_left_stops_generating(tiny_model_dir, monkeypatc
         answered = []
         runtime_host.handle_chat_completion(quick, answered.append)
         assert answered[-1]["type"] == "done"
+        # GET /metrics will count one abandoned and one completed request (the worker writes them later)
+        counted = {key: value - before.get(key, 0) for key, value in INFERENCE.pending().items()}
+        assert counted[("kiln_inference_requests_total", 'outcome="abandoned"')] == 1
+        assert counted[("kiln_inference_requests_total", 'outcome="completed"')] == 1
+        assert counted[("kiln_inference_completion_tokens_total", "")] == \
+            answered[-1]["response"]["usage"]["completion_tokens"] > 0
+        assert counted[("kiln_inference_request_seconds_total", "")] > 0
     finally:
         host.stop()
 

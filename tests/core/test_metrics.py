@@ -191,3 +191,56 @@ def test_programs_on_this_machine_scrape_without_a_token_where_the_demo_allows_i
     settings.KILN = replace(settings.KILN, allow_anonymous_api=True)
     assert client.get("/metrics").status_code == 200  # the test client's REMOTE_ADDR is 127.0.0.1
     assert client.get("/metrics", headers={"Origin": "http://evil.example"}).status_code == 401
+
+
+# --- counts kept in memory (the inference hot path) ---------------------------------------------
+
+@pytest.mark.django_db
+def test_a_buffer_writes_its_counts_only_when_it_flushes_and_keeps_them_when_a_write_fails(test_families,
+                                                                                         monkeypatch):
+    from django.db import OperationalError
+
+    from core.metrics import services
+    from core.metrics.services import CounterBuffer
+
+    buffer = CounterBuffer()
+    buffer.add("kiln_test_events_total", colour="red")
+    buffer.add("kiln_test_events_total", 2, colour="red")
+    with pytest.raises(MetricError):
+        buffer.add("kiln_test_events_total", colour="green")  # refused at once, like counter_add
+    assert buffer.pending() == {("kiln_test_events_total", 'colour="red"'): 3.0}
+    assert scrape(exposition())[("kiln_test_events_total", frozenset({("colour", "red")}))] == 0
+
+    real_add = services._add
+
+    def disk_full(*args):
+        raise OperationalError("database or disk is full")
+
+    monkeypatch.setattr(services, "_add", disk_full)
+    assert buffer.flush() is False
+    buffer.add("kiln_test_events_total", colour="red")  # counted while the write failed
+    assert buffer.pending() == {("kiln_test_events_total", 'colour="red"'): 4.0}
+    monkeypatch.setattr(services, "_add", real_add)
+    assert buffer.flush() is True and buffer.pending() == {}
+    assert scrape(exposition())[("kiln_test_events_total", frozenset({("colour", "red")}))] == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_started_buffer_writes_from_its_own_thread_and_at_its_stop(test_families):
+    import time
+
+    from core.metrics.services import CounterBuffer
+
+    buffer = CounterBuffer(interval=0.05)
+    buffer.start()
+    try:
+        buffer.add("kiln_test_plain_total", 5)
+        deadline = time.monotonic() + 10
+        while buffer.pending() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert scrape(exposition())[("kiln_test_plain_total", frozenset())] == 5
+    finally:
+        buffer.stop()
+    buffer.add("kiln_test_plain_total", 2)
+    buffer.stop()  # stopped already: it writes what is left
+    assert scrape(exposition())[("kiln_test_plain_total", frozenset())] == 7

@@ -47,6 +47,22 @@ def test_non_streaming_completion_with_usage_and_models(served):
     with pytest.raises(openai.NotFoundError) as missing:
         client.models.retrieve("no-such-model")
     assert missing.value.body["code"] == "model_not_found"
+    # GET /metrics: the GPU worker writes its inference counts within a few seconds
+    import time
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counted(name, **labels):
+        text = httpx.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {client.api_key}"}).text
+        return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
+                     if s.name == name and s.labels == labels), None)
+
+    deadline = time.monotonic() + 30
+    while (counted("kiln_inference_requests_total", outcome="completed") or 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert counted("kiln_inference_requests_total", outcome="completed") >= 1
+    assert counted("kiln_inference_completion_tokens_total") >= response.usage.completion_tokens
 
 
 @pytest.mark.parametrize("extra", [{}, {"chat_template_kwargs": {"enable_thinking": False}, "stop": ["0"]}])
