@@ -7,6 +7,9 @@ class EvaluationsConfig(AppConfig):
 
     def ready(self):
         from core.jobs.kinds import JobKind, register_job_kind
+        from evaluations.metrics import register_families
+
+        register_families()  # kiln_gate_decisions_total of GET /metrics
 
         # Recorded-policy rollout generation (Training → Rollouts, kiln rollout-generate on the
         # server): CPU-side in the control worker; it samples through the infer queue and runs the

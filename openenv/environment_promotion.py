@@ -40,6 +40,7 @@ from django.db import transaction
 from core.errors import KilnError
 from core.models import Receipt, ReceiptKind
 from core.receipts import receipt_record
+from evaluations.metrics import count_gate_decision
 from openenv.environment_eval import EnvironmentEvalResult, publish_receipt, receipt_digest
 from openenv.environment_gate import final_outcome
 
@@ -154,6 +155,7 @@ def environment_eval_conclude(*, result: EnvironmentEvalResult, run_id, request:
             block["action"] = "none"          # diagnostic: the owner (if any) decides elsewhere
         body = result.receipt(run_id=str(run_id), outcome=outcome, promotion=block)
         row = receipt_record(kind=ReceiptKind.ENVIRONMENT_EVAL, subject=name or "base", body=body, job=job)
+        count_gate_decision("environment", outcome)
         artifact = publish_receipt(result, body)
     return Conclusion(outcome=outcome, receipt=body, receipt_sha256=receipt_digest(body), receipt_row=row,
                       artifact=artifact, promotion_id=block.get("promotion_id"),

@@ -146,6 +146,7 @@ def _apply(ctx, payload: PostEvalJobPayload, outcome: str, evidence: dict | None
     from adapters.activation import activate_with_canary
     from adapters.promotions import promotion_after_gate
     from adapters.services import adapter_demote
+    from evaluations.metrics import count_gate_decision
 
     activated_at = demoted_to = promotion = activation_error = canary = None
     with transaction.atomic():
@@ -160,6 +161,7 @@ def _apply(ctx, payload: PostEvalJobPayload, outcome: str, evidence: dict | None
         if evidence is not None:
             receipt_record(kind=ReceiptKind.POST_EVAL_GATE, subject=payload.adapter_name, job=ctx.job, body={
                 "schema": GATE_SCHEMA, "training_job_id": payload.training_job_id, "evidence": evidence})
+            count_gate_decision("post_eval", outcome)
     if outcome == "promoted" and promotion is None:
         try:
             _, canary = activate_with_canary(

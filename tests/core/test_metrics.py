@@ -244,3 +244,22 @@ def test_a_started_buffer_writes_from_its_own_thread_and_at_its_stop(test_famili
     buffer.add("kiln_test_plain_total", 2)
     buffer.stop()  # stopped already: it writes what is left
     assert scrape(exposition())[("kiln_test_plain_total", frozenset())] == 7
+
+
+def test_the_gate_family_names_every_outcome_both_gates_decide():
+    from evaluations.gate import GATE_OUTCOMES
+    from evaluations.metrics import OUTCOMES
+    from openenv.environment_gate import OUTCOMES as ENVIRONMENT_OUTCOMES
+
+    assert set(OUTCOMES) == set(GATE_OUTCOMES) | set(ENVIRONMENT_OUTCOMES)
+
+
+@pytest.mark.django_db
+def test_a_gate_outcome_outside_the_family_is_logged_never_raised(caplog):
+    from core.metrics.models import MetricCounter
+    from evaluations.metrics import count_gate_decision
+
+    count_gate_decision("environment", "promoted")
+    count_gate_decision("environment", "exploded")
+    assert "outside kiln_gate_decisions_total" in caplog.text
+    assert dict(MetricCounter.objects.values_list("labels", "value")) == {'gate="environment",outcome="promoted"': 1}

@@ -78,6 +78,10 @@ def test_a_suite_changed_after_admission_ends_the_gate_in_error(home, django_cap
     assert Adapter.objects.get(name="cand").loaded is False  # never served
     receipt = Receipt.objects.get(kind="post_eval_gate", subject="cand")
     assert receipt.body["evidence"] == evidence
+    from core.metrics.models import MetricCounter  # GET /metrics counts the decision with its receipt
+
+    assert MetricCounter.objects.get(family="kiln_gate_decisions_total",
+                                     labels='gate="post_eval",outcome="error"').value == 1
 
 
 def _gated_training_with_a_changed_suite(name: str, home: Path, capture, *, auto_load: bool):

@@ -148,6 +148,10 @@ def test_rejected_and_inconclusive_are_never_served(tmp_path, adapters, settings
     conclusion = environment_eval_conclude(result=result, run_id="run-1", request=request())
     assert conclusion.outcome == outcome
     assert check_receipt(conclusion, outcome).body["promotion"]["action"] == "not_served"
+    from core.metrics.models import MetricCounter  # GET /metrics counts the decision with its receipt
+
+    assert dict(MetricCounter.objects.filter(family="kiln_gate_decisions_total").values_list("labels", "value")) \
+        == {f'gate="environment",outcome="{outcome}"': 1}
     drain_activations()
     assert not Adapter.objects.get(name="agent-v2").loaded and not Promotion.objects.exists()
 
