@@ -326,6 +326,21 @@ class KilnClient:
     def get(self, path: str, **kwargs):
         return self.request("GET", path, **kwargs)
 
+    def text(self, path: str, *, content_type: str) -> str:
+        """GET a route that answers text (GET /metrics), refused like any other route's answer."""
+        check_path("GET", path)
+        try:
+            response = self._http.get(path)
+        except httpx.TransportError as exc:
+            raise CliError("connection_failed", f"cannot reach Kiln at {self.url}: {exc}",
+                           "is `kiln serve` running? pass --url or set KILN_URL") from None
+        if response.status_code >= 400:
+            error = _envelope_error(response)
+            raise error if error is not None else not_kiln(response, self.url)
+        if response.status_code != 200 or not response.headers.get("content-type", "").startswith(content_type):
+            raise not_kiln(response, self.url)
+        return response.text
+
     def post(self, path: str, **kwargs):
         return self.request("POST", path, **kwargs)
 

@@ -11,6 +11,7 @@ from kiln_project.cli import (
     adapters_cmd,
     eval_cmd,
     jobs_cmd,
+    metrics_cmd,
     model_cmd,
     openenv_cmd,
     promotions_cmd,
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_cmd.add_parser(sub, common)
     adapters_cmd.add_parser(sub, common)
     promotions_cmd.add_parser(sub, common)
+    metrics_cmd.add_parser(sub, common)
     return parser
 
 
