@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.metrics.families import Values, register
+from core.metrics.families import LABEL_VALUE, Values, register
 
 Reading = Callable[[], dict[tuple[str, ...], float]]
 _READERS: dict[str, Reading] = {}
@@ -26,9 +26,10 @@ OTHER_KIND = "other"  # a job row of a kind no module registers now (a removed e
 
 
 def _job_kinds() -> tuple[str, ...]:
+    """The registered kinds whose names are plain words (an extra module's odd name reads as `other`)."""
     from core.jobs.kinds import registered_kinds
 
-    return tuple(kind.name for kind in registered_kinds()) + (OTHER_KIND,)
+    return tuple(kind.name for kind in registered_kinds() if LABEL_VALUE.match(kind.name)) + (OTHER_KIND,)
 
 
 def _jobs_by_kind_and_state() -> dict[tuple[str, ...], float]:

@@ -26,13 +26,15 @@ def _labels_text(family: Family, values: tuple[str, ...]) -> str:
 
 def _series(family: Family) -> dict[str, float]:
     """{labels text: value} of one family."""
+    closed = [family.values_of(label) for label in family.label_names]
     if family.kind == "counter":
         series = dict(MetricCounter.objects.filter(family=family.name).values_list("labels", "value"))
     else:
         read = gauge_reader(family.name)
-        series = {_labels_text(family, key): value for key, value in (read() if read else {}).items()
-                  if all(value in family.values_of(label) for label, value in zip(family.label_names, key, strict=True))}
-    closed = [family.values_of(label) for label in family.label_names]
+        series = {}
+        for key, reading in (read() if read else {}).items():
+            if all(value in allowed for value, allowed in zip(key, closed, strict=True)):  # closed labels only
+                series[_labels_text(family, key)] = reading
     combinations = 1
     for values in closed:
         combinations *= len(values)

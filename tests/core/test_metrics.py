@@ -163,6 +163,18 @@ def test_the_jobs_gauge_counts_rows_by_kind_and_state():
     assert not any(dict(labels).get("kind") == "plugin.gone" for _, labels in samples)
 
 
+@pytest.mark.django_db
+def test_a_registered_kind_whose_name_is_no_plain_word_is_other_not_a_failed_scrape(monkeypatch):
+    from core.jobs import kinds
+    from core.jobs.models import Job
+
+    odd = 'my plugin "v2"'
+    monkeypatch.setitem(kinds._KINDS, odd, kinds.JobKind(name=odd, queue="control", handler="x:y"))
+    Job.objects.create(kind=odd, queue="control", state="queued")
+    samples = scrape(exposition())
+    assert samples[("kiln_jobs", frozenset({("kind", "other"), ("state", "queued")}))] == 1
+
+
 # --- the route ---------------------------------------------------------------------------------
 
 @pytest.mark.django_db
