@@ -51,3 +51,26 @@ def exposition() -> str:
         for labels, value in sorted(_series(family).items()):
             lines.append(f"{family.name}{{{labels}}} {_number(value)}" if labels else f"{family.name} {_number(value)}")
     return "\n".join(lines) + "\n"
+
+
+def counter_series(name: str) -> list[tuple[dict[str, str], float]]:
+    """[(labels, value)] of one counter family's rows (closed values are plain words: no comma or
+    quote inside one, so the stored labels text splits plainly)."""
+    series = []
+    for labels, value in MetricCounter.objects.filter(family=name).values_list("labels", "value"):
+        pairs = (part.split("=", 1) for part in labels.split(",") if "=" in part)
+        series.append(({key: quoted.strip('"') for key, quoted in pairs}, value))
+    return series
+
+
+def counter_by_label(name: str, label: str, **where: str) -> dict[str, float]:
+    """{value of `label`: the family's total for it over the series matching `where`}."""
+    totals: dict[str, float] = {}
+    for labels, value in counter_series(name):
+        if label in labels and all(labels.get(key) == wanted for key, wanted in where.items()):
+            totals[labels[label]] = totals.get(labels[label], 0.0) + value
+    return totals
+
+
+def counter_total(name: str) -> float:
+    return sum(value for _, value in counter_series(name))

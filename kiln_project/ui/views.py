@@ -26,6 +26,27 @@ from kiln_project.health import health_report
 RECENT_JOBS = 10
 
 
+def _activity() -> dict:
+    """What the metrics' counters say (the numbers GET /metrics gives Prometheus), for the overview."""
+    from core.metrics.selectors import counter_by_label, counter_total
+
+    def decided(gate: str) -> list[tuple[str, int]]:
+        totals = counter_by_label("kiln_gate_decisions_total", "outcome", gate=gate)
+        return [(outcome, int(value)) for outcome, value in sorted(totals.items()) if value]
+
+    requests = counter_by_label("kiln_inference_requests_total", "outcome")
+    submissions = counter_by_label("kiln_openenv_runs_total", "status")
+    return {
+        "inference": [(outcome, int(requests.get(outcome, 0))) for outcome in ("completed", "failed", "abandoned")],
+        "completion_tokens": int(counter_total("kiln_inference_completion_tokens_total")),
+        "gates": [("held-out post-eval", decided("post_eval")), ("OpenEnv environment", decided("environment"))],
+        "openenv_runs": int(submissions.get("accepted", 0)),
+        "openenv_replays": int(submissions.get("idempotent_replay", 0)),
+        "openenv_episodes": int(counter_total("kiln_openenv_episodes_total")),
+        "openenv_failures": int(counter_total("kiln_openenv_run_failures_total")),
+    }
+
+
 @login_required
 def overview(request):
     _, health = health_report()
@@ -34,6 +55,7 @@ def overview(request):
         "counts": [(state, counts.get(state, 0)) for state in JobState.values],
         "total_jobs": sum(counts.values()),
         "health": health,
+        "activity": _activity(),
         **fragments.table_context(fragments.jobs_for_table(limit=RECENT_JOBS), limit=RECENT_JOBS),
     }
     return render(request, "ui/overview.html", context)

@@ -211,3 +211,25 @@ def test_web_modules_do_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "tests.settings"})
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.django_db
+def test_overview_shows_what_the_metrics_counted(operator_client):
+    from core.metrics.services import counter_add
+
+    html = operator_client.get("/ui/").content.decode()
+    assert '<span class="count-completed">0 completed</span>' in html and html.count("none yet") == 2
+    counter_add("kiln_inference_requests_total", 3, outcome="completed")
+    counter_add("kiln_inference_requests_total", outcome="abandoned")
+    counter_add("kiln_inference_completion_tokens_total", 41)
+    counter_add("kiln_gate_decisions_total", 2, gate="environment", outcome="rejected")
+    counter_add("kiln_gate_decisions_total", gate="post_eval", outcome="promoted")
+    counter_add("kiln_openenv_runs_total", 4, status="accepted")
+    counter_add("kiln_openenv_runs_total", status="idempotent_replay")
+    counter_add("kiln_openenv_episodes_total", 32)
+    html = operator_client.get("/ui/").content.decode()
+    assert '<span class="count-completed">3 completed</span>' in html
+    assert '<span class="count-abandoned">1 abandoned</span>' in html and "(41 tokens generated)" in html
+    assert '<span class="badge">2 rejected</span>' in html and '<span class="badge">1 promoted</span>' in html
+    assert "4 runs accepted" in html and "(1 retry answered from the idempotency key)" in html
+    assert "32 episodes published" in html and "0 failed runs" in html and "none yet" not in html
