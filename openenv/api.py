@@ -158,19 +158,25 @@ def _endpoints(urls: list[str]) -> list[Endpoint]:
     return endpoints
 
 
-def _credentials(handles: list[str | None], endpoints, *, read_tokens: bool = True) -> list:
+def _credentials(handles: list[str | None], endpoints, *, read_tokens: bool = True, operation: str = "") -> list:
     """The Credential (or None) per URL for the server's handles (`[openenv.credentials.<id>]`): 400
     `openenv_credential_not_found` for an unknown handle, 400 `openenv_credential_invalid` for one bound
-    to another origin or whose token variable is unset. `read_tokens=False` checks only (admission)."""
+    to another origin or whose token variable is unset. `read_tokens=False` checks only (admission);
+    `operation` names what the credentials are read for (GET /metrics counts it)."""
     from openenv import server_credentials
 
     try:
         if not read_tokens:
             server_credentials.check_handles(handles, endpoints)
             return [None] * len(handles)
-        return server_credentials.resolve(handles, endpoints)
+        credentials = server_credentials.resolve(handles, endpoints)
     except OpenEnvError as exc:
         raise KilnError(exc.code, exc.message, status=400, hint=exc.hint or "") from None
+    if operation:
+        from openenv.metrics import count_authenticated
+
+        count_authenticated(operation, credentials)
+    return credentials
 
 
 def _client_error(exc: OpenEnvError, failed_code: str) -> KilnError:
@@ -205,7 +211,7 @@ def openenv_inspect(request, body: OpenEnvInspectRequest):
     values = _body(request, body, set(_URLS_SCHEMA) | {"environments"})
     urls, handles = _targets(values)
     endpoints = _endpoints(urls)
-    credentials = _credentials(handles, endpoints)
+    credentials = _credentials(handles, endpoints, operation="inspect")
 
     async def inspect_all():
         return await asyncio.gather(*(inspect(e, credential=c) for e, c in zip(endpoints, credentials, strict=True)))
@@ -231,7 +237,7 @@ def openenv_tasks(request, body: OpenEnvTasksRequest):
             raise KilnError("openenv_invalid_task_page", f"request: {field} must be an integer", status=400,
                             hint=OpenEnvInvalidTaskPage.default_hint)
     endpoints = _endpoints(urls)
-    credentials = _credentials(handles, endpoints)
+    credentials = _credentials(handles, endpoints, operation="task_catalog")
 
     async def catalogs():
         return await asyncio.gather(*(task_catalog(e, credential=c, environment_name=name, split=split,

@@ -3,8 +3,10 @@
 Counted where the change happens, in its transaction (openenv.runs.services): a submission accepted or
 answered from its idempotency key, a run's typed failure, and each artifact-published collection's
 episodes by terminal outcome, recoverable protocol errors, capacity retries, environment steps, policy
-tokens and model latency (the numbers of the run's own rollout summary). Read at scrape time: runs
-kept in the database by state. No label names an environment, adapter, run or key.
+tokens and model latency (the numbers of the run's own rollout summary). Counted as they happen:
+operations that send an environment a configured credential (openenv.api, openenv.runs.jobs,
+openenv.training.evaluation). Read at scrape time: runs tracked, by state. No label names an
+environment, adapter, run, key or credential.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from openenv.collector.formats import TERMINATIONS
 from openenv.models import OpenEnvRun, RunState
 
 SUBMISSION_STATUSES = ("accepted", "idempotent_replay")
+# Where the server sends an environment a bearer credential: an inspection, a task-catalog page, a run's
+# collection (discovery and episodes) and its held-out environment evaluation.
+AUTHENTICATED_OPERATIONS = ("inspect", "task_catalog", "run", "environment_evaluation")
 SUMMARY_COUNTERS = (
     ("kiln_openenv_recoverable_protocol_errors_total", "recoverable_protocol_error_count",
      "Recoverable OpenEnv protocol errors kept as corrective observation turns."),
@@ -40,6 +45,9 @@ def register_families() -> None:
              "answered with the run their idempotency key names.", status=SUBMISSION_STATUSES)
     register("kiln_openenv_run_failures_total", "counter", "OpenEnv runs that failed, by typed failure.",
              stage=FAILURE_STAGES, code=tuple(sorted(FAILURE_CODES)), retryable=("false", "true"))
+    register("kiln_openenv_authenticated_operations_total", "counter", "Server-side OpenEnv operations that "
+             "sent an environment a configured bearer credential (per environment; no credential, origin or "
+             "token is a label).", operation=AUTHENTICATED_OPERATIONS)
     register("kiln_openenv_episodes_total", "counter", "Episodes in artifact-published OpenEnv collections.")
     register("kiln_openenv_episode_terminations_total", "counter",
              "Episodes in artifact-published OpenEnv collections, by terminal outcome.", termination=TERMINATIONS)
@@ -54,6 +62,12 @@ def register_families() -> None:
 
 def count_submission(*, replayed: bool) -> None:
     counter_add("kiln_openenv_runs_total", status="idempotent_replay" if replayed else "accepted")
+
+
+def count_authenticated(operation: str, credentials) -> None:
+    """One per environment the operation reaches with a credential (`credentials`: one or None per URL)."""
+    counter_add("kiln_openenv_authenticated_operations_total",
+                sum(1 for credential in credentials or () if credential is not None), operation=operation)
 
 
 def count_failure(failure: dict) -> None:

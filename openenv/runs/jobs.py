@@ -247,11 +247,14 @@ def run_credentials(run: OpenEnvRun, stage: str) -> list:
     variable unset here, fails the run `persisted_contract_invalid` before any connection."""
     from openenv import server_credentials
     from openenv.client.errors import OpenEnvError
+    from openenv.metrics import count_authenticated
 
     try:
-        return server_credentials.resolve(run.request.get("credential_ids"), run.request["environment_urls"])
+        credentials = server_credentials.resolve(run.request.get("credential_ids"), run.request["environment_urls"])
     except OpenEnvError as exc:
         _fail(run, services.failure("persisted_contract_invalid", stage, exc.message, hint=exc.hint))
+    count_authenticated("environment_evaluation" if stage == "environment_evaluation" else "run", credentials)
+    return credentials
 
 
 def _execute(ctx, run: OpenEnvRun) -> dict:

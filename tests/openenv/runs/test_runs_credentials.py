@@ -20,7 +20,7 @@ import pytest
 
 from core.jobs.runner import run_queued_jobs
 from openenv.models import OpenEnvRun
-from tests.openenv.runs.conftest import error_of, post_run, rollout_body
+from tests.openenv.runs.conftest import error_of, metric, post_run, rollout_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db, pytest.mark.timeout(600)]
 
@@ -72,6 +72,11 @@ def test_a_run_with_the_servers_handle_collects_and_no_token_is_kept(api, home, 
     assert TOKEN not in json.dumps([row.request, row.environments, row.artifacts], default=str)
     assert VARIABLE not in json.dumps(done)
     assert protected.log_tail(10_000).count("refused") == refusals  # the token went everywhere it had to
+    # GET /metrics counts the protected run once per credentialed environment, naming neither
+    assert metric(api, "kiln_openenv_authenticated_operations_total", operation="run") == 1
+    assert metric(api, "kiln_openenv_authenticated_operations_total", operation="inspect") == 0
+    exposition = api.get("/metrics").content.decode()
+    assert TOKEN not in exposition and "team" not in exposition and protected.url not in exposition
 
 
 def test_without_the_handle_the_same_run_fails_at_discovery_with_the_servers_refusal(api, home, protected,
@@ -130,3 +135,5 @@ def test_a_dash_is_a_public_slot_as_the_guide_says(api, home, protected, configu
     assert refused.status_code == 502 and refused.json()["error"]["code"] == "openenv_inspection_failed"
     body["credential_ids"] = ["team", "team"]
     assert api.post("/v1/openenv/inspect", data=json.dumps(body), content_type="application/json").status_code == 200
+    # inspections that sent the credential: one environment of the first, both of the second
+    assert metric(api, "kiln_openenv_authenticated_operations_total", operation="inspect") == 3
