@@ -1,6 +1,7 @@
 """URL map: /ui/ pages, /v1/ API, /health, /metrics, /admin/. Imports no torch (import-linter enforces it)."""
 
 from django.contrib import admin
+from django.db import DatabaseError
 from django.http import HttpResponse, JsonResponse
 from django.urls import include, path
 from django.views.generic import RedirectView
@@ -33,7 +34,12 @@ def metrics(request):
                                                "scrape it with GET"), status=405)
         response["Allow"] = "GET, HEAD"
         return response
-    body = exposition()
+    try:
+        body = exposition()
+    except DatabaseError as exc:  # the counters and gauges are rows: no database, no numbers
+        return JsonResponse(error_envelope("metrics_unavailable", f"the database did not answer: {exc}"[:500],
+                                           "check GET /health; Prometheus records the failed scrape and retries"),
+                            status=503)
     response = HttpResponse(b"" if request.method == "HEAD" else body.encode(), content_type=CONTENT_TYPE)
     response["Content-Length"] = str(len(body.encode()))
     response["Cache-Control"] = "no-store"

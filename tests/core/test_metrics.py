@@ -275,3 +275,21 @@ def test_a_gate_outcome_outside_the_family_is_logged_never_raised(caplog):
     count_gate_decision("environment", "exploded")
     assert "outside kiln_gate_decisions_total" in caplog.text
     assert dict(MetricCounter.objects.values_list("labels", "value")) == {'gate="environment",outcome="promoted"': 1}
+
+
+@pytest.mark.django_db
+def test_a_scrape_without_a_database_is_503_with_the_envelope(client, settings, monkeypatch):
+    from dataclasses import replace
+
+    from django.db import OperationalError
+
+    settings.KILN = replace(settings.KILN, allow_anonymous_api=True)
+
+    def unreachable():
+        raise OperationalError("could not connect to server")
+
+    monkeypatch.setattr("kiln_project.urls.exposition", unreachable)
+    response = client.get("/metrics")
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "metrics_unavailable" and "could not connect" in error["message"] and error["hint"]
