@@ -15,6 +15,9 @@ class TrainingConfig(AppConfig):
 
     def ready(self):
         from core.jobs.kinds import JobKind, register_job_kind
+        from training.metrics import register_families
+
+        register_families()  # the kiln_training_* counters of GET /metrics
 
         # The handler runs in the GPU worker; naming it by path keeps torch out of the web process.
         register_job_kind(JobKind(name="training.grpo", queue="gpu", handler="training.runner:run_grpo_job",

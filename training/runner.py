@@ -23,6 +23,7 @@ from core.errors import KilnError
 from core.jobs.runner import JobCancelled
 from core.models import ReceiptKind
 from core.receipts import receipt_record
+from training.metrics import count_completed_run
 from training.payloads import GrpoJobPayload
 
 HISTORY_KEYS = {"loss": "loss_history", "reward_mean": "reward_history", "kl_mean": "kl_history"}
@@ -166,6 +167,7 @@ def run_grpo_job(ctx) -> dict:
             loaded=False,  # activation is its own decision, after the serving canary (adapters.activation)
         )
         receipt_record(kind=ReceiptKind.TRAIN, subject=name, body=receipt, job=ctx.job)
+        count_completed_run(receipt)  # GET /metrics: with the receipt, or not at all
         activation = _auto_load(ctx.job, name) if config.auto_load and smoke_passed and not gate_pending else {}
         post_eval_job = None
         if payload.post_eval is not None:

@@ -27,6 +27,7 @@ from core.jobs.runner import run_queued_jobs
 from openenv.models import OpenEnvRun
 from openenv.runs.services import runs_restore
 from openenv.verify import verify
+from tests.openenv.runs.conftest import metric
 from tests.openenv.training.conftest import error_of, heartbeat, post_run, publish_adapter, train_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db, pytest.mark.timeout(600)]
@@ -109,6 +110,11 @@ def test_a_train_run_collects_selects_trains_and_publishes(api, home, counter, s
     assert receipt["training_data"]["sha256"] == job.payload["training_data"]["admitted_corpus_sha256"]
     assert receipt["training_data"]["openenv"] == lineage  # §2.9: training_data{source, path?, sha256?, openenv?}
     assert receipt["data"]["groups_trained"] == 2 and receipt["echo"]["enabled"] is True
+    # GET /metrics counts what the completed run trained, from its receipt
+    assert metric(api, "kiln_training_groups_total", disposition="trained") == 2
+    assert metric(api, "kiln_training_groups_total", disposition="filtered") == receipt["data"]["groups_filtered"]
+    assert metric(api, "kiln_training_optimizer_steps_total") == receipt["progress"]["global_step"] > 0
+    assert metric(api, "kiln_training_completions_trained_total") == receipt["data"]["completions_trained"] > 0
     downloaded = api.get(f"/v1/openenv/runs/{first['run_id']}/artifacts/train_receipt")
     assert downloaded.status_code == 200 and b"".join(downloaded.streaming_content) == receipt_bytes
     manifest = json.loads(b"".join(api.get(f"/v1/openenv/runs/{first['run_id']}/artifacts/adapter_manifest")
