@@ -300,8 +300,9 @@ class KilnClient:
                         print("kiln: the model is ready", file=sys.stderr, flush=True)
             return result if with_status else result[0]
 
-    def _send(self, method: str, path: str, **kwargs) -> tuple[object, int]:
-        """(the answer's JSON, its HTTP status)."""
+    def _answered(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """The server's 2xx answer; a transport failure, a refusal (the envelope as a CliError) or an answer
+        that is not Kiln's raise."""
         check_path(method, path)
         try:
             response = self._http.request(method, path, **kwargs)
@@ -316,6 +317,11 @@ class KilnClient:
             raise error
         if response.status_code >= 300:  # Kiln's API never redirects: another server answered
             raise not_kiln(response, self.url)
+        return response
+
+    def _send(self, method: str, path: str, **kwargs) -> tuple[object, int]:
+        """(the answer's JSON, its HTTP status)."""
+        response = self._answered(method, path, **kwargs)
         if not response.content:
             return None, response.status_code
         try:
@@ -328,16 +334,8 @@ class KilnClient:
 
     def text(self, path: str, *, content_type: str) -> str:
         """GET a route that answers text (GET /metrics), refused like any other route's answer."""
-        check_path("GET", path)
-        try:
-            response = self._http.get(path)
-        except httpx.TransportError as exc:
-            raise CliError("connection_failed", f"cannot reach Kiln at {self.url}: {exc}",
-                           "is `kiln serve` running? pass --url or set KILN_URL") from None
-        if response.status_code >= 400:
-            error = _envelope_error(response)
-            raise error if error is not None else not_kiln(response, self.url)
-        if response.status_code != 200 or not response.headers.get("content-type", "").startswith(content_type):
+        response = self._answered("GET", path)
+        if not response.headers.get("content-type", "").startswith(content_type):
             raise not_kiln(response, self.url)
         return response.text
 
