@@ -105,3 +105,9 @@ def series_key(name: str, labels: dict[str, str], /) -> str:
             raise MetricError(f"{name}: {value!r} is not a value of label {label}")
         parts.append(f'{label}="{value}"')
     return ",".join(parts)
+
+
+def labels_of(key: str, /) -> dict[str, str]:
+    """The labels a `series_key` wrote (closed values are plain words: no comma or quote inside one)."""
+    pairs = (part.split("=", 1) for part in key.split(",") if "=" in part)
+    return {label: quoted.strip('"') for label, quoted in pairs}

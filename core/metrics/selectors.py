@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from core.metrics.families import Family, all_families
+from core.metrics.families import Family, all_families, labels_of
 from core.metrics.gauges import gauge_reader
 from core.metrics.models import MetricCounter
 
@@ -54,13 +54,9 @@ def exposition() -> str:
 
 
 def counter_series(name: str) -> list[tuple[dict[str, str], float]]:
-    """[(labels, value)] of one counter family's rows (closed values are plain words: no comma or
-    quote inside one, so the stored labels text splits plainly)."""
-    series = []
-    for labels, value in MetricCounter.objects.filter(family=name).values_list("labels", "value"):
-        pairs = (part.split("=", 1) for part in labels.split(",") if "=" in part)
-        series.append(({key: quoted.strip('"') for key, quoted in pairs}, value))
-    return series
+    """[(labels, value)] of one counter family's rows."""
+    return [(labels_of(key), value)
+            for key, value in MetricCounter.objects.filter(family=name).values_list("labels", "value")]
 
 
 def counter_by_label(name: str, label: str, **where: str) -> dict[str, float]:

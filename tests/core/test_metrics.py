@@ -17,15 +17,7 @@ from core.metrics import families
 from core.metrics.families import MetricError, register, series_key
 from core.metrics.selectors import CONTENT_TYPE, exposition
 from core.metrics.services import counter_add
-
-
-def scrape(text: str) -> dict:
-    """{(name, frozenset(labels)): value} as Prometheus reads the exposition (counters' samples end in _total)."""
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return samples
+from tests.support.metrics import samples as scrape
 
 
 @pytest.fixture
@@ -61,6 +53,7 @@ def test_a_bad_declaration_is_refused(name, kind, help_text, labels, says):
 def test_a_series_takes_exactly_the_declared_labels_with_closed_values(test_families):
     assert series_key("kiln_test_events_total", {"colour": "red"}) == 'colour="red"'
     assert series_key("kiln_test_plain_total", {}) == ""
+    assert families.labels_of('colour="red"') == {"colour": "red"} and families.labels_of("") == {}
     with pytest.raises(MetricError, match="not a value"):
         series_key("kiln_test_events_total", {"colour": "green"})
     with pytest.raises(MetricError, match="takes labels"):

@@ -51,12 +51,12 @@ def test_non_streaming_completion_with_usage_and_models(served):
     import time
 
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support.metrics import sample
 
     def counted(name, **labels):
         text = httpx.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {client.api_key}"}).text
-        return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
-                     if s.name == name and s.labels == labels), None)
+        return sample(text, name, **labels)
 
     deadline = time.monotonic() + 30
     while (counted("kiln_inference_requests_total", outcome="completed") or 0) < 1 and time.monotonic() < deadline:

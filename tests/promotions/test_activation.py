@@ -97,16 +97,14 @@ def test_an_approved_promotion_whose_canary_fails_ends_failed(home, canary_worke
     assert job.state == "failed" and job.error_code == "adapter_load_failed"
     assert job.result["activated"] is False and job.result["quarantined"] is True
     # GET /metrics: the failed promotion by its state, with no adapter named
-    from prometheus_client.parser import text_string_to_metric_families
-
     from core.metrics.selectors import exposition
+    from tests.support.metrics import label_values, samples
 
     text = exposition()
-    [promotions] = [f for f in text_string_to_metric_families(text) if f.name == "kiln_promotions"]
-    assert {s.labels["state"]: s.value for s in promotions.samples} == {
+    assert {dict(labels)["state"]: value for (name, labels), value in samples(text).items()
+            if name == "kiln_promotions"} == {
         "pending": 0, "approved": 0, "rejected": 0, "applied": 0, "superseded": 0, "failed": 1}
-    values = {v for f in text_string_to_metric_families(text) for s in f.samples for v in s.labels.values()}
-    assert not values & {"cand", "inc"}
+    assert not label_values(text) & {"cand", "inc"}
 
 
 def test_an_activation_job_that_dies_fails_its_promotion(home, canary_worker, django_capture_on_commit_callbacks):

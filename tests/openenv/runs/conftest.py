@@ -83,15 +83,13 @@ def rollout_body(url, **overrides):
 
 def metric(api, name, **labels) -> float:
     """One series of GET /metrics as Prometheus's own parser reads it (counters by their `_total` name)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from tests.support.metrics import sample
 
     response = api.get("/metrics")
     assert response.status_code == 200, response.content
-    for family in text_string_to_metric_families(response.content.decode()):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    raise AssertionError(f"no series {name}{labels} in GET /metrics")
+    value = sample(response.content.decode(), name, **labels)
+    assert value is not None, f"no series {name}{labels} in GET /metrics"
+    return value
 
 
 def error_of(response, status, code):
