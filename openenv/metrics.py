@@ -48,7 +48,6 @@ def register_families() -> None:
     register("kiln_openenv_authenticated_operations_total", "counter", "Server-side OpenEnv operations that "
              "sent an environment a configured bearer credential (per environment; no credential, origin or "
              "token is a label).", operation=AUTHENTICATED_OPERATIONS)
-    register("kiln_openenv_episodes_total", "counter", "Episodes in artifact-published OpenEnv collections.")
     register("kiln_openenv_episode_terminations_total", "counter",
              "Episodes in artifact-published OpenEnv collections, by terminal outcome.", termination=TERMINATIONS)
     for name, _, help in SUMMARY_COUNTERS:
@@ -78,12 +77,11 @@ def count_failure(failure: dict) -> None:
 
 def count_collection(stats: dict) -> None:
     """`stats` is a published summary's statistics (openenv.collector.formats.statistics)."""
-    episodes = 0
+    episodes = 0  # every episode ends one way: their sum is the episodes (Prometheus sums them too)
     for termination in TERMINATIONS:
         count = int(stats.get(f"{termination}_count") or 0)
         episodes += count
         counter_add("kiln_openenv_episode_terminations_total", count, termination=termination)
-    counter_add("kiln_openenv_episodes_total", episodes)
     for name, field, _ in SUMMARY_COUNTERS:
         counter_add(name, int(stats.get(field) or 0))
     # The summary keeps the mean latency (ms, 3 decimals); the total is the mean times the episodes.

@@ -42,7 +42,7 @@ def _activity() -> dict:
         "gates": [("held-out post-eval", decided("post_eval")), ("OpenEnv environment", decided("environment"))],
         "openenv_runs": int(submissions.get("accepted", 0)),
         "openenv_replays": int(submissions.get("idempotent_replay", 0)),
-        "openenv_episodes": int(counter_total("kiln_openenv_episodes_total")),
+        "openenv_episodes": int(counter_total("kiln_openenv_episode_terminations_total")),
         "openenv_failures": int(counter_total("kiln_openenv_run_failures_total")),
     }
 

@@ -226,7 +226,8 @@ def test_overview_shows_what_the_metrics_counted(operator_client):
     counter_add("kiln_gate_decisions_total", gate="post_eval", outcome="promoted")
     counter_add("kiln_openenv_runs_total", 4, status="accepted")
     counter_add("kiln_openenv_runs_total", status="idempotent_replay")
-    counter_add("kiln_openenv_episodes_total", 32)
+    counter_add("kiln_openenv_episode_terminations_total", 30, termination="done")
+    counter_add("kiln_openenv_episode_terminations_total", 2, termination="max_steps")
     html = operator_client.get("/ui/").content.decode()
     assert '<span class="count-completed">3 completed</span>' in html
     assert '<span class="count-abandoned">1 abandoned</span>' in html and "(41 tokens generated)" in html
