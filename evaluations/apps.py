@@ -22,7 +22,7 @@ class EvaluationsConfig(AppConfig):
         # control worker; every completion is sampled through the infer queue (the GPU worker).
         register_job_kind(JobKind(name="eval.run", queue="control", handler="evaluations.eval_jobs:run_eval_job",
                                   category="evaluation", queue_full_code="eval_queue_full",
-                                  queue_full_retry_after=15,
+                                  queue_full_retry_after=15, tracked_full_code="eval_tracked_full",
                                   detail_section="evaluations.eval_selectors:job_section",
                                   payload_type="evaluations.eval_payloads:EvalJobPayload",
                                   error_hints=(("job_interrupted", "its worker stopped while it ran (kill, restart, "

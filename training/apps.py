@@ -22,7 +22,7 @@ class TrainingConfig(AppConfig):
         # The handler runs in the GPU worker; naming it by path keeps torch out of the web process.
         register_job_kind(JobKind(name="training.grpo", queue="gpu", handler="training.runner:run_grpo_job",
                                   category="training", queue_full_code="training_queue_full",
-                                  queue_full_retry_after=30,
+                                  queue_full_retry_after=30, tracked_full_code="training_tracked_full",
                                   on_unsuccessful="training.hooks:release_output_adapter",
                                   detail_section="training.fragments:job_section",
                                   payload_type="training.payloads:GrpoJobPayload", error_hints=GRPO_ERROR_HINTS))

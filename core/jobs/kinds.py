@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from importlib import import_module
 
 QUEUES = ("gpu", "control")
+# A kind with a `tracked_full_code` keeps at most this many jobs tracked: queued or running, or ended
+# within the last TRACKED_TERMINAL_TTL_S seconds and not deleted (what its status and queue routes list).
+MAX_TRACKED_JOBS = 1024
+TRACKED_TERMINAL_TTL_S = 3600
 # Queues whose jobs run one at a time per worker process, in FIFO order (the GPU is one device).
 EXCLUSIVE_QUEUES = frozenset({"gpu"})
 
@@ -22,7 +26,9 @@ class JobKind:
     handler: str  # "package.module:function" taking (JobContext) and returning a result dict
     category: str = "other"  # training | evaluation | openenv | other: where the UI lists it
     queue_full_code: str = "job_queue_full"
-    queue_full_retry_after: int = 30
+    queue_full_retry_after: int = 30  # seconds, also for tracked_full_code
+    # Optional: the 503 code that refuses a submission while MAX_TRACKED_JOBS of this kind are tracked.
+    tracked_full_code: str = ""
     # Optional "module:function" called with the job after it ends failed or cancelled (in whichever
     # process ended it), e.g. to release resources a queued job had reserved. Must not import torch.
     on_unsuccessful: str = ""

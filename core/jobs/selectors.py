@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from core.jobs.kinds import registered_kinds
-from core.jobs.models import Job, JobState, WorkerHeartbeat
+from core.jobs.kinds import TRACKED_TERMINAL_TTL_S, registered_kinds
+from core.jobs.models import TERMINAL_STATES, Job, JobState, WorkerHeartbeat
 
 
 def job_list(*, kind: str | None = None, state: str | None = None, category: str | None = None,
@@ -29,6 +30,14 @@ def job_get(*, job_id: str) -> Job | None:
     except ValueError:
         return None
     return Job.objects.filter(uuid=key, deleted_at__isnull=True).first()
+
+
+def tracked_job_count(*, kind: str) -> int:
+    """Jobs of `kind` still tracked: queued or running, or ended within TRACKED_TERMINAL_TTL_S; deleted
+    ones are not (deleting finished jobs is how a user frees the cap at once)."""
+    recent = timezone.now() - timedelta(seconds=TRACKED_TERMINAL_TTL_S)
+    jobs = Job.objects.filter(kind=kind, deleted_at__isnull=True)
+    return jobs.filter(~Q(state__in=TERMINAL_STATES) | Q(finished_at__gte=recent)).count()
 
 
 def job_queue_position(*, job: Job) -> int | None:

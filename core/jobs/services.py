@@ -12,8 +12,9 @@ from django.utils import timezone
 from core.db_locks import serialize
 from core.errors import KilnError
 from core.jobs.broadcast import broadcast_job_changed
-from core.jobs.kinds import get_job_kind
+from core.jobs.kinds import MAX_TRACKED_JOBS, TRACKED_TERMINAL_TTL_S, get_job_kind
 from core.jobs.models import TERMINAL_STATES, Job, JobEvent, JobState
+from core.jobs.selectors import tracked_job_count
 
 
 def _event(job: Job, type_: str, message: str = "", data: dict | None = None) -> None:
@@ -22,8 +23,9 @@ def _event(job: Job, type_: str, message: str = "", data: dict | None = None) ->
 
 
 def job_submit(*, kind: str, payload, title: str = "", user=None, max_queued: int | None = None) -> Job:
-    """Persist a queued job and wake its queue after commit. Refuses with 503 when the queue is full.
-    `payload` is the kind's typed payload (or a dict of it); it is stored as plain data."""
+    """Persist a queued job and wake its queue after commit. Refuses with 503 when the queue is full,
+    or when the kind has a tracked cap (`JobKind.tracked_full_code`) and MAX_TRACKED_JOBS of it are
+    tracked. `payload` is the kind's typed payload (or a dict of it); it is stored as plain data."""
     from django.conf import settings
 
     from core.jobs.dispatch import wake_queue
@@ -41,6 +43,15 @@ def job_submit(*, kind: str, payload, title: str = "", user=None, max_queued: in
                 job_kind.queue_full_code,
                 f"the {job_kind.queue} queue already holds {queued} queued jobs (cap {cap})",
                 hint="wait for queued work to finish, or cancel some, then submit again",
+                status=503,
+                headers={"Retry-After": str(job_kind.queue_full_retry_after)},
+            )
+        if job_kind.tracked_full_code and (tracked := tracked_job_count(kind=kind)) >= MAX_TRACKED_JOBS:
+            raise KilnError(
+                job_kind.tracked_full_code,
+                f"{tracked} {kind} jobs are tracked (cap {MAX_TRACKED_JOBS}: queued, running, or ended within "
+                f"the last {TRACKED_TERMINAL_TTL_S // 60} minutes)",
+                hint="delete finished jobs you no longer need, or wait for them to age out, then submit again",
                 status=503,
                 headers={"Retry-After": str(job_kind.queue_full_retry_after)},
             )

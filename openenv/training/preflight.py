@@ -21,10 +21,8 @@ implementation from the GPU worker's heartbeat, plus `{name, content_sha256}` of
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 from django.conf import settings
-from django.utils import timezone
 
 from core.contracts.grpo_submission import PostEvalConfig
 from core.contracts.grpo_values import GrpoConfigError
@@ -34,8 +32,6 @@ from openenv.training import contract as contracts
 from training.config_defaults import apply_training_defaults
 
 FIELDS = ("adapter", "output_adapter", "training_config", "auto_load", "post_eval")
-MAX_TRACKED_TRAINING_JOBS = 1024
-TRACKED_TERMINAL_TTL_S = 3600
 
 
 def _invalid(field: str, message: str, hint: str = "") -> KilnError:
@@ -108,16 +104,14 @@ def _check_base_adapter_shape(behavior: str | None, effective: dict) -> None:
 
 
 def capacity() -> dict:
+    from core.jobs.kinds import MAX_TRACKED_JOBS
     from core.jobs.models import Job, JobState
+    from core.jobs.selectors import tracked_job_count
 
-    jobs = Job.objects.filter(kind="training.grpo", deleted_at__isnull=True)
-    queued = jobs.filter(state=JobState.QUEUED).count()
-    recent = timezone.now() - timedelta(seconds=TRACKED_TERMINAL_TTL_S)
-    tracked = jobs.filter(state__in=[JobState.QUEUED, JobState.RUNNING]).count() + \
-        jobs.filter(finished_at__gte=recent).exclude(state__in=[JobState.QUEUED, JobState.RUNNING]).count()
+    queued = Job.objects.filter(kind="training.grpo", deleted_at__isnull=True, state=JobState.QUEUED).count()
     return {"checked_unix_ms": int(time.time() * 1000), "queued_jobs": queued,
-            "max_queued_jobs": settings.KILN.max_queued_jobs, "tracked_jobs": tracked,
-            "max_tracked_jobs": MAX_TRACKED_TRAINING_JOBS}
+            "max_queued_jobs": settings.KILN.max_queued_jobs, "tracked_jobs": tracked_job_count(kind="training.grpo"),
+            "max_tracked_jobs": MAX_TRACKED_JOBS}
 
 
 def check_capacity(figures: dict) -> None:

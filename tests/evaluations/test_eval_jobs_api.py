@@ -158,6 +158,22 @@ def test_submission_refusals_have_stable_codes(api, suite, gpu_worker, home, set
     error(_run(api, {"suite_name": "sums"}), 503, "inference_unavailable")
 
 
+def test_tracked_cap_is_503_eval_tracked_full(api, suite, gpu_worker):
+    from datetime import timedelta
+
+    from core.jobs.kinds import MAX_TRACKED_JOBS
+
+    recent, old = timezone.now() - timedelta(minutes=30), timezone.now() - timedelta(hours=2)
+    Job.objects.bulk_create([Job(kind="eval.run", queue="control", state="failed", finished_at=recent)
+                             for _ in range(MAX_TRACKED_JOBS)] +
+                            [Job(kind="eval.run", queue="control", state="completed", finished_at=old)])
+    full = _run(api, {"suite_name": "sums"})
+    error(full, 503, "eval_tracked_full")
+    assert full["Retry-After"] == "15"
+    Job.objects.filter(kind="eval.run", finished_at=recent).update(finished_at=old)  # an hour later
+    ok(_run(api, {"suite_name": "sums"}))
+
+
 def test_list_get_cancel_and_delete(api, suite, gpu_worker):
     first = ok(_run(api, {"suite_name": "sums"}))["job_id"]
     second = ok(_run(api, {"suite_name": "sums"}))["job_id"]

@@ -112,6 +112,33 @@ def test_queue_cap_is_503_training_queue_full_with_retry_after(api, settings):
     assert not Adapter.objects.filter(name="two").exists()
 
 
+def _tracked(kind: str, count: int, *, ended_minutes_ago: float, deleted: bool = False) -> None:
+    """`count` finished jobs of `kind` that ended that long ago (rows only: what the cap counts)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    ended = timezone.now() - timedelta(minutes=ended_minutes_ago)
+    Job.objects.bulk_create([Job(kind=kind, queue="gpu", state="completed", finished_at=ended,
+                                 deleted_at=ended if deleted else None) for _ in range(count)])
+
+
+def test_tracked_cap_is_503_training_tracked_full_until_finished_jobs_age_out_or_are_deleted(api):
+    from core.jobs.kinds import MAX_TRACKED_JOBS
+
+    _tracked("training.grpo", MAX_TRACKED_JOBS - 1, ended_minutes_ago=59)
+    _tracked("training.grpo", 5, ended_minutes_ago=61)  # aged out: no longer tracked
+    _tracked("training.grpo", 5, ended_minutes_ago=1, deleted=True)  # deleted: no longer tracked
+    _tracked("eval.run", 5, ended_minutes_ago=1)  # another kind's jobs count toward its own cap only
+    assert _post(api, {"groups": [GROUP], "config": {"output_name": "last"}}).status_code == 200  # 1024th
+    response = _post(api, {"groups": [GROUP], "config": {"output_name": "one-too-many"}})
+    message = _error(response, 503, "training_tracked_full")
+    assert response["Retry-After"] == "30" and f"{MAX_TRACKED_JOBS} training.grpo jobs are tracked" in message
+    assert not Adapter.objects.filter(name="one-too-many").exists()  # the refusal reserved nothing
+    Job.objects.filter(kind="training.grpo", state="completed").order_by("id").first().delete()
+    assert _post(api, {"groups": [GROUP], "config": {"output_name": "one-too-many"}}).status_code == 200
+
+
 def test_status_queue_detail_and_cancel_routes(api, django_capture_on_commit_callbacks):
     first = _post(api, {"groups": [GROUP], "config": {"output_name": "q1"}}).json()["job_id"]
     second = _post(api, {"groups": [GROUP], "config": {"output_name": "q2"}}).json()["job_id"]
