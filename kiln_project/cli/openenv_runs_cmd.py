@@ -277,7 +277,10 @@ def add_parsers(sub, common) -> None:
     status.add_argument("--follow", action="store_true", help="wait for a terminal state, printing progress")
     artifact = sub.add_parser("artifact", parents=[common], help="download a run's artifact, checked by SHA-256")
     artifact.add_argument("run_id", metavar="RUN")
-    artifact.add_argument("kind", metavar="KIND", help="dataset, replay, summary; train_receipt, adapter_manifest")
+    artifact.add_argument("kind", metavar="KIND",
+                          help="dataset, replay, summary; train_receipt, adapter_manifest; an environment eval's "
+                               "environment_eval_{baseline,candidate}_{dataset,replay,summary} and "
+                               "environment_eval_receipt (`kiln openenv status RUN` lists a run's)")
     artifact.add_argument("--output", type=Path, required=True, metavar="F")
     artifact.add_argument("--force", action="store_true", help="replace an existing output file")
     cancel = sub.add_parser("cancel", parents=[common], help="cancel a run at the next boundary of its phase")

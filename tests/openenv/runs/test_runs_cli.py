@@ -106,3 +106,20 @@ def test_cancel_a_queued_run_and_errors_are_one_line(cli, home, policies, bounds
     assert capsys.readouterr().err.startswith("error: openenv_run_not_found: ")
     assert cli.run("artifact", first["run_id"], "dataset", "--output", str(tmp_path / "d.jsonl")) == 1
     assert capsys.readouterr().err.startswith("error: openenv_artifact_not_ready: ")
+
+
+def test_artifact_help_names_every_kind_the_server_serves(capsys):
+    import itertools
+    import re
+
+    from kiln_project.cli.main import main
+    from openenv.runs.selectors import ARTIFACT_KINDS
+
+    with pytest.raises(SystemExit):
+        main(["openenv", "artifact", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    named = set(re.findall(r"\b[a-z_]+(?:_receipt|_manifest)\b|\b(?:dataset|replay|summary)\b", text))
+    for braces in re.findall(r"environment_eval_\{[^}]+\}_\{[^}]+\}", text):  # environment_eval_{a,b}_{c,d}
+        sides, whats = (part.split(",") for part in re.findall(r"\{([^}]+)\}", braces))
+        named |= {f"environment_eval_{side}_{what}" for side, what in itertools.product(sides, whats)}
+    assert set(ARTIFACT_KINDS) <= named
