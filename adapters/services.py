@@ -185,6 +185,18 @@ def _busy(adapter: Adapter, verb: str) -> KilnError:
                      hint="wait for the training job to finish, or cancel it (kiln jobs cancel ID)")
 
 
+def _refuse_while_a_training_builds_on(name: str) -> None:
+    """A queued or running training that warm-starts from this adapter would fail at its start if the
+    adapter went now (409 adapter_in_use; the runner's base_adapter_missing covers what slips past)."""
+    for output in Adapter.objects.filter(base_adapter=name, state=AdapterState.WRITING).select_related("training_job"):
+        if status_of(output) == AdapterStatus.WRITING:
+            job = output.training_job
+            raise KilnError("adapter_in_use", f"adapter {name!r} is the base adapter of {output.name!r}, which "
+                            f"training job {job.uuid if job else '?'} is writing", status=409,
+                            hint="wait for that training job to finish, or cancel it (kiln jobs cancel ID), "
+                                 "then delete")
+
+
 def _refuse_while_promotion_open(name: str) -> None:
     """A reviewer must not be left deciding on an adapter that is gone: delete it only once its
     pending or approved promotions are decided and applied (409 adapter_promotion_open)."""
@@ -312,6 +324,7 @@ def adapter_delete(*, name: str, actor=None, reason: str = "") -> dict:
             raise KilnError("adapter_active", f"adapter {name!r} is active; unload it before deleting it",
                             status=409, hint=f"kiln adapters unload {name} (POST /v1/adapters/unload)")
         _refuse_while_promotion_open(name)
+        _refuse_while_a_training_builds_on(name)
         folders = [p for p in [Path(adapter.path)] if adapter.path and p.is_dir() and _inside_registry(p)]
         folders += adapter_checkpoints(name)
         adapter.delete()

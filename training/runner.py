@@ -123,7 +123,8 @@ def run_grpo_job(ctx) -> dict:
     groups = [json.loads(line) for line in snapshot.read_bytes().splitlines() if line.strip()]
     base_dir = adapter_published_path(name=config.base_adapter) if config.base_adapter else None
     if config.base_adapter and base_dir is None:
-        raise KilnError("adapter_not_found", f"base adapter {config.base_adapter!r} is no longer published")
+        raise KilnError("base_adapter_missing", f"base adapter {config.base_adapter!r} is no longer published",
+                        hint="publish it again, or submit the round with another base_adapter")
     output_dir = adapters_root() / name
     data = payload.training_data
     request = TrainRequest(

@@ -173,6 +173,19 @@ def test_delete_refuses_an_active_or_writing_adapter(api, home, peft_adapter, ma
     error(viewer.delete("/v1/adapters/live"), 403, "permission_denied")
 
 
+def test_delete_refuses_the_base_of_a_training_still_to_run(api, home, peft_adapter):
+    """Round two warm-starts from round one: deleting round one while round two waits in the queue
+    would fail it at its start, so the delete is refused until that job ends."""
+    publish(home, peft_adapter, "math-r001")
+    queued = _job(state="queued")
+    adapter_reserve(name="math-r002", job=queued, base_adapter="math-r001")
+    message = error(api.delete("/v1/adapters/math-r001"), 409, "adapter_in_use")
+    assert "math-r002" in message and str(queued.uuid) in message
+    assert (home / "adapters" / "math-r001").is_dir() and Adapter.objects.filter(name="math-r001").exists()
+    Job.objects.filter(id=queued.id).update(state="cancelled")  # the round ended without publishing
+    assert ok(api.delete("/v1/adapters/math-r001"))["status"] == "deleted"
+
+
 def test_the_training_services_record_their_transitions(home, peft_adapter, django_user_model):
     user = django_user_model.objects.create_user(username="sub", password="long-enough-pw")
     job = _job(user=user)

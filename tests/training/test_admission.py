@@ -281,6 +281,36 @@ def test_a_warm_start_with_another_lora_shape_is_refused_before_it_queues(api, t
     assert ok.status_code == 200, ok.content  # the default shape matches
 
 
+def test_a_base_adapter_gone_before_the_job_starts_fails_it_with_base_adapter_missing(
+    api, settings, tmp_path, django_capture_on_commit_callbacks
+):
+    """The delete route refuses the base of a queued round (adapter_in_use); a base removed anyway
+    (by hand, in the registry's database) fails the round at its start with the receipt's reason."""
+    import dataclasses
+
+    from django.utils import timezone
+
+    from adapters.models import AdapterState
+    from core.jobs.runner import run_queued_jobs
+
+    folder = tmp_path / "r001"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 16, "lora_alpha": 32.0}))
+    Adapter.objects.create(name="r001", state=AdapterState.PUBLISHED, path=str(folder),
+                           content_sha256="sha256:" + "0" * 64, published_at=timezone.now())
+    submitted = _post(api, {"groups": [GROUP], "config": {"output_name": "r002", "base_adapter": "r001"}})
+    assert submitted.status_code == 200, submitted.content
+    job_id = submitted.json()["job_id"]
+    assert api.delete("/v1/adapters/r001").json()["error"]["code"] == "adapter_in_use"
+    Adapter.objects.filter(name="r001").delete()
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=tmp_path / "model")  # never reached
+    with django_capture_on_commit_callbacks(execute=True):
+        run_queued_jobs("gpu")
+    error = api.get(f"/v1/train/jobs/{job_id}").json()["error"]
+    assert error["code"] == "base_adapter_missing" and "'r001' is no longer published" in error["message"]
+    assert not Adapter.objects.filter(name="r002").exists()  # its reservation was released
+
+
 def test_a_dry_run_plans_and_queues_nothing(api, tmp_path):
     """`dry_run: true` used to be carried in the payload and ignored: the job trained and published."""
     flat = {"messages": [{"role": "user", "content": "What is 1 + 1?"}],
