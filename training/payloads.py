@@ -29,6 +29,8 @@ class GrpoJobPayload:
     # (training.config_defaults), and the server's [training.defaults] table at submission.
     config_sources: dict[str, str] = field(default_factory=dict)
     server_training_defaults: dict[str, Any] = field(default_factory=dict)
+    # With config.resume_checkpoint: sha256 of that checkpoint's manifest as admission checked it.
+    resume_manifest_sha256: str | None = None
 
     @property
     def effective_seed(self) -> int:
@@ -56,6 +58,7 @@ class GrpoJobPayload:
             ignored_config_keys=tuple(data.get("ignored_config_keys") or ()), dry_run=bool(data.get("dry_run")),
             config_sources=dict(data.get("config_sources") or {}),
             server_training_defaults=dict(data.get("server_training_defaults") or {}),
+            resume_manifest_sha256=data.get("resume_manifest_sha256"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,6 +72,7 @@ class GrpoJobPayload:
             "dry_run": self.dry_run,
             "config_sources": dict(self.config_sources),
             "server_training_defaults": dict(self.server_training_defaults),
+            "resume_manifest_sha256": self.resume_manifest_sha256,
             "effective_seed": str(self.effective_seed),  # the API's decimal string, for readers of the row
             "snapshot_path": self.snapshot_path,
             "training_data": self.training_data,

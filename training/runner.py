@@ -25,6 +25,7 @@ from core.models import ReceiptKind
 from core.receipts import receipt_record
 from training.metrics import count_completed_run
 from training.payloads import GrpoJobPayload
+from training.selectors import checkpoint_manifest_sha256
 
 HISTORY_KEYS = {"loss": "loss_history", "reward_mean": "reward_history", "kl_mean": "kl_history"}
 # The live curves keep at most this many points: past it every other point goes (the newest always
@@ -109,6 +110,16 @@ def _record_failure_receipt(path: Path, name: str, job) -> None:
 LINEAGE_KEYS = ("dataset", "split", "dataset_corpus_sha256", "split_manifest_sha256", "openenv")
 
 
+def _check_resumed_checkpoint_unchanged(payload: GrpoJobPayload) -> None:
+    """The queue holds the checkpoint's manifest digest from admission (reference-spec §3.2): a folder
+    replaced under the same name while the job waited is refused here; the trainer then re-validates
+    every file against the manifest."""
+    pinned, name = payload.resume_manifest_sha256, payload.config.resume_checkpoint
+    if pinned and (now := checkpoint_manifest_sha256(name=name)) != pinned:
+        raise KilnError("checkpoint_invalid", f"checkpoint {name} changed after the job was admitted: its manifest "
+                        f"was {pinned}, now {now or 'missing'}")
+
+
 def run_grpo_job(ctx) -> dict:
     from gpu_runtime.grpo.errors import TrainingError
     from gpu_runtime.grpo.trainer import TrainRequest, train_grpo
@@ -125,6 +136,7 @@ def run_grpo_job(ctx) -> dict:
     if config.base_adapter and base_dir is None:
         raise KilnError("base_adapter_missing", f"base adapter {config.base_adapter!r} is no longer published",
                         hint="publish it again, or submit the round with another base_adapter")
+    _check_resumed_checkpoint_unchanged(payload)
     output_dir = adapters_root() / name
     data = payload.training_data
     request = TrainRequest(

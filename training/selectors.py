@@ -9,6 +9,8 @@ from django.utils import timezone
 
 from adapters.models import Adapter, AdapterStatus, AdapterTransition, PromotionState
 from adapters.selectors import adapter_promotion
+from core.artifacts import CHECKPOINT_MANIFEST
+from core.canonical import sha256_digest
 from core.jobs.error_hints import job_error
 from core.jobs.models import Job, JobState
 from training.payloads import GrpoJobPayload
@@ -270,3 +272,16 @@ def training_queue() -> dict:
                     "position": i + 1} for i, j in enumerate(queued)],
         "completed": [training_status(j) for j in completed],
     }
+
+
+def checkpoint_manifest_sha256(*, name: str | None) -> str | None:
+    """The digest of a checkpoint's manifest file, which lists the digest of every other file: the
+    queue keeps it so that the worker trains from the checkpoint admission checked, not one put in its
+    place meanwhile (reference-spec §3.2). None without a checkpoint or a readable manifest."""
+    from django.conf import settings
+
+    path = settings.KILN.layout.checkpoint(name) if name else None
+    try:
+        return sha256_digest((path / CHECKPOINT_MANIFEST).read_bytes()) if path else None
+    except OSError:
+        return None

@@ -43,6 +43,7 @@ from core.jobs.services import job_submit
 from training.base_adapter_shape import base_adapter_shape_problem
 from training.config_defaults import apply_training_defaults
 from training.payloads import GrpoJobPayload
+from training.selectors import checkpoint_manifest_sha256
 
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
 
@@ -354,6 +355,7 @@ class GrpoAdmission:
     output_name: str
     effective: GrpoConfig
     seed: int
+    resume_manifest_sha256: str | None = None  # the resumed checkpoint's manifest as admitted
 
 
 def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmission:
@@ -398,7 +400,9 @@ def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmiss
         _check_checkpoint_config(config.resume_checkpoint, effective)
     return GrpoAdmission(submission=submission, config_sources=config_sources, server_defaults=server_defaults,
                          corpus=corpus, provenance=provenance, suite_pin=suite_pin, output_name=output_name,
-                         effective=effective, seed=seed)
+                         effective=effective, seed=seed,
+                         resume_manifest_sha256=checkpoint_manifest_sha256(name=config.resume_checkpoint))
+
 
 
 def grpo_dry_run(*, body: dict) -> dict:
@@ -460,6 +464,7 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_
                 dry_run=False,
                 config_sources=admission.config_sources,
                 server_training_defaults=admission.server_defaults,
+                resume_manifest_sha256=admission.resume_manifest_sha256,
             )
             job = job_submit(kind="training.grpo", payload=payload, title=f"GRPO → {output_name}", user=user)
             adapter_reserve(name=output_name, job=job, base_adapter=effective.base_adapter or "")

@@ -210,6 +210,39 @@ def test_a_resume_with_another_config_is_refused_before_it_queues(api, settings)
     assert api.post("/v1/train/grpo", data=json.dumps(same), content_type="application/json").status_code == 200
 
 
+def test_a_checkpoint_replaced_while_its_resume_waits_in_the_queue_is_refused_at_dequeue(
+    api, settings, tmp_path, django_capture_on_commit_callbacks
+):
+    """The queue keeps the checkpoint manifest's digest from admission (reference-spec §3.2): a
+    folder put in its place under the same name fails the job (checkpoint_invalid), not trains it."""
+    import dataclasses
+
+    from core.canonical import sha256_digest
+    from core.contracts.groups import admit_groups
+    from core.contracts.grpo_config import GrpoConfig
+    from core.jobs.runner import run_queued_jobs
+
+    folder = settings.KILN.layout.adapters / "pin-r001-checkpoint-step-00000002.kiln-checkpoint"
+    folder.mkdir(parents=True)
+    manifest = {"adapter_name": "pin-r001", "checkpoint_id": "pin-r001-step-00000002-abc",
+                "effective_config": GrpoConfig.from_dict({"output_name": "pin-r001", "seed": 7}).to_dict(),
+                "data": {"source_kind": "inline", "content_sha256": admit_groups([GROUP]).sha256, "item_count": 1}}
+    (folder / "checkpoint_manifest.json").write_text(json.dumps(manifest))
+    admitted = sha256_digest((folder / "checkpoint_manifest.json").read_bytes())
+    body = {"groups": [GROUP], "config": {"output_name": "pin-r001", "seed": 7, "resume_checkpoint": folder.name}}
+    response = _post(api, body)
+    assert response.status_code == 200, response.content
+    job = Job.objects.get(uuid=response.json()["job_id"])
+    assert job.payload["resume_manifest_sha256"] == admitted
+    (folder / "checkpoint_manifest.json").write_text(json.dumps(dict(manifest, checkpoint_id="pin-r001-other")))
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=tmp_path / "model")  # never reached
+    with django_capture_on_commit_callbacks(execute=True):
+        run_queued_jobs("gpu")
+    error = api.get(f"/v1/train/jobs/{job.uuid}").json()["error"]
+    assert error["code"] == "checkpoint_invalid" and "changed after the job was admitted" in error["message"]
+    assert admitted in error["message"] and error["hint"]
+
+
 def test_kiln_train_resume_resends_the_jobs_own_request_with_its_checkpoint(api, settings, tmp_path):
     """`kiln train status` told an interrupted recorded-policy run to resume with `kiln train grpo --file`,
     which drops behavior_policy, base_adapter and post_eval: refused (or worse, a resume without its
