@@ -80,6 +80,12 @@ def _train_parser(sub, common) -> None:
     p.add_argument("--lora-rank", type=positive_int, default=None, help="LoRA rank (default: the trainer's)")
     p.add_argument("--training-config", type=Path, metavar="FILE", help="GRPO overrides (a GrpoConfig JSON object)")
     p.add_argument("--post-eval-suite", metavar="SUITE", help="prove it after training: an installed eval suite")
+    p.add_argument("--post-eval-min-accuracy", type=float, default=None, metavar="X",
+                   help="with --post-eval-suite: the held-out accuracy gate in [0, 1], which then owns promotion "
+                        "(not with --gate)")
+    p.add_argument("--post-eval-scope", choices=("held-out", "train-set-eval"), default=None,
+                   help="with --post-eval-suite: the suite's data_scope (default held-out; train-set-eval takes "
+                        "no gate)")
     evaluation = p.add_argument_group("environment evaluation (held-out seeds, after training)")
     evaluation.add_argument("--eval-groups", type=positive_int, default=None, metavar="N",
                             help="evaluate baseline and candidate on N seed groups (default 20 when any eval flag)")
@@ -176,8 +182,13 @@ def train_request(args, credential_table: dict | None = None) -> dict:
         config.setdefault("lora_alpha", 2 * args.lora_rank)  # as kiln train grpo: keep alpha/rank at 2
     if config:
         body["training_config"] = config
+    post_eval = {"min_accuracy": args.post_eval_min_accuracy, "data_scope": args.post_eval_scope}
     if args.post_eval_suite:
-        body["post_eval"] = {"suite": args.post_eval_suite}
+        body["post_eval"] = {"suite": args.post_eval_suite,
+                             **{key: value for key, value in post_eval.items() if value is not None}}
+    elif any(value is not None for value in post_eval.values()):
+        raise CliError("training_invalid_request", "--post-eval-min-accuracy and --post-eval-scope need "
+                       "--post-eval-suite SUITE")
     evaluation = _environment_eval(args)
     if evaluation is not None:
         body["environment_eval"] = evaluation

@@ -107,6 +107,18 @@ def test_the_environment_evaluation_flags_build_the_requests_block():
     assert _request("--gate")["environment_eval"] == {"groups": 20, "group_size": 1, "gate": {}}
 
 
+def test_the_post_eval_flags_build_the_requests_block():
+    from kiln_project.cli.client import CliError
+
+    assert "post_eval" not in _request()
+    assert _request("--post-eval-suite", "sums")["post_eval"] == {"suite": "sums"}
+    gated = _request("--post-eval-suite", "sums", "--post-eval-min-accuracy", "0.6", "--post-eval-scope", "held-out")
+    assert gated["post_eval"] == {"suite": "sums", "min_accuracy": 0.6, "data_scope": "held-out"}
+    with pytest.raises(CliError) as refused:
+        _request("--post-eval-min-accuracy", "0.6")
+    assert refused.value.code == "training_invalid_request" and "--post-eval-suite" in refused.value.message
+
+
 def test_follow_shows_the_evaluations_side_then_its_decision_with_p_and_counts():
     from kiln_project.cli.openenv_run_text import progress_line
 
