@@ -12,6 +12,8 @@
 #   EVAL_GROUPS      held-out seed groups of 4 episodes per side (default 80; the gate needs >= 20)
 #   MIN_IMPROVEMENT  the gate's least mean-return improvement (default 0.1)
 #   TRAINING_CONFIG  a GrpoConfig JSON file (default training-config.json here: AdamW 3e-4, seed 3)
+#   POST_EVAL_SUITE  an installed eval suite to run after training too ("prove it after training"): a
+#                    diagnostic here, since the environment gate owns promotion (default: none)
 #   OUT              where the episodes, replay and summary go (default ./openenv-counter-runs)
 set -euo pipefail
 
@@ -32,6 +34,7 @@ mkdir -p "$out"
   --concurrency 16 --thinking false --lora-rank 8 \
   --training-config "${TRAINING_CONFIG:-$here/training-config.json}" --reset-options "$here/reset.json" \
   --eval-groups "${EVAL_GROUPS:-80}" --eval-group-size 4 --gate --gate-min-mean-improvement "${MIN_IMPROVEMENT:-0.1}" \
+  ${POST_EVAL_SUITE:+--post-eval-suite "$POST_EVAL_SUITE"} \
   --output "$out/$adapter.rollouts.jsonl" --replay-output "$out/$adapter.replay.json" \
   --summary-output "$out/$adapter.summary.json"
 

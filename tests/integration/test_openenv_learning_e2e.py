@@ -79,7 +79,7 @@ def counter_stack(stack_factory, tiny_model_dir, tmp_path):
         server.stop()
 
 
-def _train(stack, token, server, work: Path, *, name: str, config: dict) -> tuple[int, str]:
+def _train(stack, token, server, work: Path, *, name: str, config: dict, env: dict | None = None) -> tuple[int, str]:
     """The guide's loop as a user runs it: examples/openenv-counter/run_loop.sh (inspect, `kiln openenv
     train` with a held-out environment evaluation and its gate, then `kiln openenv verify`)."""
     config_file = work / f"{name}.config.json"
@@ -88,7 +88,7 @@ def _train(stack, token, server, work: Path, *, name: str, config: dict) -> tupl
         ["bash", str(EXAMPLE / "run_loop.sh")],
         env={"KILN": f"{sys.executable} -m kiln_project.cli.main", "KILN_URL": stack.url, "KILN_API_TOKEN": token,
              "ENV_URL": server.url, "ADAPTER": name, "GROUPS": str(GROUPS), "EVAL_GROUPS": str(EVAL_GROUPS),
-             "TRAINING_CONFIG": str(config_file), "OUT": str(work)},
+             "TRAINING_CONFIG": str(config_file), "OUT": str(work), **(env or {})},
         timeout=1200, check=False)
     return done.returncode, done.stdout + done.stderr
 
@@ -101,10 +101,21 @@ def _run_status(api, output: str) -> dict:
 @pytest.mark.timeout(2400)
 def test_kiln_openenv_train_raises_held_out_return_and_the_gate_holds_back_a_worse_policy(counter_stack, tmp_path):
     stack, api, token, server = counter_stack
-    code, output = _train(stack, token, server, tmp_path, name="counter-agent", config=GOOD)
+    # "Prove it after training" rides along with the paired evaluation: a static suite, diagnostic here
+    # (no min_accuracy), since the environment gate owns promotion (the guide: only one gate may).
+    suite = {"name": "sums-after", "scorer": {"type": "exact"},
+             "examples": [{"id": f"s{i}", "messages": [{"role": "user", "content": f"What is {i} + {i}? Reply with "
+                                                                                    "just the number."}],
+                           "target": str(2 * i)} for i in range(1, 5)]}
+    assert api.post("/v1/eval/suites", json=suite).status_code == 200
+    code, output = _train(stack, token, server, tmp_path, name="counter-agent", config=GOOD,
+                          env={"POST_EVAL_SUITE": "sums-after"})
     print(output)
     assert code == 0, output
     status = _run_status(api, output)
+    [post_eval] = status["post_evaluations"]
+    assert (post_eval["suite_name"], post_eval["state"], post_eval["gate_outcome"]) == ("sums-after", "completed", None)
+    assert post_eval["examples_completed"] == post_eval["examples_total"] > 0 and post_eval["post_eval_verdict"]
     evaluation = status["environment_evaluation"]
     evidence = evaluation["evidence"]
     print(json.dumps(evidence, indent=1))
