@@ -134,8 +134,7 @@ def run_grpo_job(ctx) -> dict:
     groups = [json.loads(line) for line in snapshot.read_bytes().splitlines() if line.strip()]
     base_dir = adapter_published_path(name=config.base_adapter) if config.base_adapter else None
     if config.base_adapter and base_dir is None:
-        raise KilnError("base_adapter_missing", f"base adapter {config.base_adapter!r} is no longer published",
-                        hint="publish it again, or submit the round with another base_adapter")
+        raise KilnError("base_adapter_missing", f"base adapter {config.base_adapter!r} is no longer published")
     _check_resumed_checkpoint_unchanged(payload)
     output_dir = adapters_root() / name
     data = payload.training_data

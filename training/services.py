@@ -390,6 +390,8 @@ def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmiss
         _check_recorded(corpus, config.base_adapter)
     output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     validate_adapter_name(output_name, field="config.output_name")
+    # Pinned before the checks read the manifest: a checkpoint replaced meanwhile fails at dequeue.
+    resume_manifest_sha256 = checkpoint_manifest_sha256(name=config.resume_checkpoint)
     if config.resume_checkpoint:
         _check_checkpoint(config.resume_checkpoint, output_name, corpus, provenance["source"])
     if config.seed is None and config.resume_checkpoint:
@@ -400,9 +402,7 @@ def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmiss
         _check_checkpoint_config(config.resume_checkpoint, effective)
     return GrpoAdmission(submission=submission, config_sources=config_sources, server_defaults=server_defaults,
                          corpus=corpus, provenance=provenance, suite_pin=suite_pin, output_name=output_name,
-                         effective=effective, seed=seed,
-                         resume_manifest_sha256=checkpoint_manifest_sha256(name=config.resume_checkpoint))
-
+                         effective=effective, seed=seed, resume_manifest_sha256=resume_manifest_sha256)
 
 
 def grpo_dry_run(*, body: dict) -> dict:
