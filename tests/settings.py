@@ -4,8 +4,10 @@ Tests that need real Redis, workers and a web server use tests/support/stack.py,
 with the product settings (kiln_project.settings), not these.
 """
 
+import dataclasses
 import os
 import tempfile
+from pathlib import Path
 
 # Parallel test processes (pytest-xdist) inherit the first process's environment: each gets its own home.
 if "KILN_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
@@ -29,4 +31,8 @@ DRAMATIQ_RESULT_BACKEND = {
     "BACKEND_OPTIONS": {},
     "MIDDLEWARE_OPTIONS": {"result_ttl": 60000},
 }
+# A configured model, as on a real install: training is refused at submission (503 mock_mode) without
+# one. Nothing is built there; tests that run the model point this at the tiny model, and the ones
+# about a missing model set it to None.
+KILN = dataclasses.replace(KILN, model_path=Path(tempfile.gettempdir()) / "kiln-test-model-not-loaded")  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

@@ -127,8 +127,8 @@ def run_grpo_job(ctx) -> dict:
 
     payload = GrpoJobPayload.of(ctx.job)
     if settings.KILN.model_path is None:
-        raise KilnError("mock_mode", "real model weights are unavailable: no model is configured",
-                        hint="set model.path in kiln.toml or KILN_MODEL_PATH, restart, and resubmit")
+        # Admission refused this already; a worker started with other settings than the web process gets here.
+        raise KilnError("mock_mode", "real model weights are unavailable: no model is configured")
     name, config = payload.adapter_name, payload.config
     snapshot = Path(payload.snapshot_path)
     groups = [json.loads(line) for line in snapshot.read_bytes().splitlines() if line.strip()]

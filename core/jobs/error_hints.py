@@ -25,6 +25,8 @@ JOB_ERROR_HINTS = {
     "unsupported_loss_config": "see the receipt's failure_message for the option this runtime cannot run",
     "data_schema_error": "each group is {messages, completions: [{text, reward}, ...]}; see the receipt's "
                          "failure_message for the row",
+    "mock_mode": "the worker that took the job has no model: set model.path in kiln.toml or KILN_MODEL_PATH for "
+                 "the workers too, restart, check /health, and resubmit",
     "model_weights_missing": "set model.path in kiln.toml or KILN_MODEL_PATH, restart the server, and check "
                              "/health before resubmitting",
     "model_path_invalid": "set model.path in kiln.toml or KILN_MODEL_PATH, restart the server, and check "

@@ -50,7 +50,9 @@ def test_a_request_whose_reader_left_stops_generating(tiny_model_dir, monkeypatc
     from adapters.serving import runtime_host
 
     monkeypatch.setattr(settings, "KILN", dataclasses.replace(settings.KILN, model_path=tiny_model_dir))
-    monkeypatch.setattr(runtime_host, "READER_CHECK_SECONDS", 0.1)
+    # Checked at once: asked 0.1 s in, a run whose four rows all drew the end token within a few tokens
+    # had already finished (seen under xdist, where the thread count changes what a seed draws).
+    monkeypatch.setattr(runtime_host, "READER_CHECK_SECONDS", 0.0)
     host = runtime_host.ModelHost()
     host.start()
     monkeypatch.setattr(runtime_host, "start_model_host", lambda: host)
@@ -71,6 +73,7 @@ def test_a_request_whose_reader_left_stops_generating(tiny_model_dir, monkeypatc
         before = INFERENCE.pending()
         runtime_host.handle_chat_completion(body, events.append, reader_gone)
         stopped = time.monotonic()
+        assert "t" in gone_at, f"ended before its reader was asked: {[e for e in events if e['type'] != 'delta'][-1:]}"
         assert stopped - gone_at["t"] < 2.0  # cancelled at the next check, not after 4 x 4000 tokens
         assert not any(e["type"] in ("done", "error") for e in events)
         after = len(events)

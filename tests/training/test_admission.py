@@ -159,24 +159,40 @@ def test_status_queue_detail_and_cancel_routes(api, django_capture_on_commit_cal
     assert api.delete(f"/v1/train/jobs/{first}").json()["status"] == "deleted"
 
 
-def test_a_training_job_without_model_weights_fails_with_mock_mode(
+def test_training_without_model_weights_is_refused_at_submission_with_mock_mode(api, settings):
+    """The guide's "training says real weights are unavailable": with no model configured every
+    submission route (and a dry run) answers 503 mock_mode before anything is stored."""
+    import dataclasses
+
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=None)
+    body = {"groups": [GROUP], "config": {"output_name": "no-weights"}}
+    for route in ("/v1/train/grpo", "/v1/train/agentic", "/v1/training/grpo"):
+        message = _error(_post(api, body, route), 503, "mock_mode")
+        assert "real model weights are unavailable" in message
+    _error(_post(api, dict(body, dry_run=True)), 503, "mock_mode")
+    assert "KILN_MODEL_PATH" in _post(api, body).json()["error"]["hint"]
+    assert not Job.objects.exists() and not Adapter.objects.filter(name="no-weights").exists()
+
+
+def test_a_queued_job_that_meets_a_worker_without_model_weights_fails_with_mock_mode(
     api, settings, django_capture_on_commit_callbacks
 ):
-    """The guide's "training says real weights are unavailable": a queued job meets a worker with
-    no model configured and fails with a clear code; its reserved adapter name is released."""
+    """The web process had a model when it admitted the job; the worker that picks it up has none
+    (started with other settings): the job fails with a clear code and its adapter name is released."""
     import dataclasses
 
     from core.jobs.runner import run_queued_jobs
 
-    settings.KILN = dataclasses.replace(settings.KILN, model_path=None)
     job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "no-weights"}}).json()["job_id"]
     assert Adapter.objects.get(name="no-weights").state == "writing"  # reserved while queued
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=None)
     with django_capture_on_commit_callbacks(execute=True):  # the failure hook runs after commit
         run_queued_jobs("gpu")
     detail = api.get(f"/v1/train/jobs/{job_id}").json()
     assert detail["state"] == "failed"
     assert detail["error"]["code"] == "mock_mode"
     assert "real model weights are unavailable" in detail["error"]["message"]
+    assert "KILN_MODEL_PATH for the workers" in detail["error"]["hint"]
     assert detail["adapter_path"] is None
     assert not Adapter.objects.filter(name="no-weights").exists()  # released: the name is free again
 

@@ -117,7 +117,10 @@ def test_invalid_requests_are_400_naming_the_field(api, home, change, field):
     assert not OpenEnvRun.objects.exists() and not Job.objects.exists()
 
 
-def test_train_is_validated_then_preflighted(api, home):
+def test_train_is_validated_then_preflighted(api, home, settings):
+    import dataclasses
+
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=None)
     train = {"kind": "train", "environment_urls": [URL], "output_adapter": "counter-agent", "groups": 8,
              "environment_eval": {"groups": 20, "group_size": 1, "gate": {"min_mean_improvement": 0.05}}}
     # Without model weights the preflight refuses with the training code (nothing is recorded), with
