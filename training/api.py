@@ -6,7 +6,7 @@ torch-free contracts in core.contracts (through training.services).
 
 from __future__ import annotations
 
-from ninja import Router
+from ninja import Body, Router
 
 from core.accounts.auth import require_permission
 from core.contracts.grpo_config import ignored_key_warnings
@@ -21,6 +21,8 @@ from training.schemas import (
     GrpoRequest,
     JobCancelResult,
     JobDeleted,
+    TaggedTraining,
+    TaggedTrainingRequest,
     TrainingDetail,
     TrainingQueue,
     TrainingStatus,
@@ -57,6 +59,43 @@ def train_agentic(request, body: GrpoRequest):
              response=GrpoQueued | GrpoDryRun)
 def training_grpo_compat(request, body: GrpoRequest):
     return _submit(request, body, "/v1/train/grpo")
+
+
+# The spec's sibling routes on the training queue. This Kiln trains GRPO (from scored groups or
+# OpenEnv episodes); SFT and on-policy distillation are declared and refused, not faked.
+NOT_TRAINED_HERE = {"sft": "supervised fine-tuning (SFT)", "opd": "on-policy distillation (OPD)"}
+
+
+def _not_trained_here(kind: str) -> KilnError:
+    return KilnError("not_implemented", f"{NOT_TRAINED_HERE[kind]} is not implemented by this Kiln", status=501,
+                     hint="this Kiln trains GRPO: POST /v1/train/grpo with scored groups (or kiln openenv train)")
+
+
+@router.post("/train", summary="Queue training of the kind the body names (kind: grpo; sft and opd: 501)",
+             response=TaggedTraining)
+def train_tagged(request, body: TaggedTrainingRequest):
+    require_permission(request, "submit_job")
+    kind = body.as_dict().get("kind")
+    if kind in ("grpo", "agentic"):
+        data = {key: value for key, value in body.as_dict().items() if key != "kind"}
+        # Recorded as /v1/train/grpo: a job's replay request is a POST its body alone answers.
+        return {"picked": "grpo", "training": _submit(request, GrpoRequest(**data), "/v1/train/grpo")}
+    if kind in NOT_TRAINED_HERE:
+        raise _not_trained_here(kind)
+    raise KilnError("training_invalid_request", f"kind: {kind!r} is not a training kind", status=400, field="kind",
+                    hint='name the kind: "grpo" (trained here), "sft" or "opd" (not implemented: 501)')
+
+
+@router.post("/train/sft", summary="Queue SFT training (not implemented: 501)")
+def train_sft(request, body: dict = Body(default_factory=dict)):  # noqa: B008
+    require_permission(request, "submit_job")
+    raise _not_trained_here("sft")
+
+
+@router.post("/train/opd", summary="Queue on-policy distillation (not implemented: 501)")
+def train_opd(request, body: dict = Body(default_factory=dict)):  # noqa: B008
+    require_permission(request, "submit_job")
+    raise _not_trained_here("opd")
 
 
 def _job_or_404(job_id: str):

@@ -91,6 +91,20 @@ class GrpoRequest(_Documented):
                               json_schema_extra=lambda schema, cls: schema.update(GRPO_REQUEST))
 
 
+TAGGED_TRAINING_REQUEST = {
+    **GRPO_REQUEST, "title": "TaggedTrainingRequest", "required": ["kind"],
+    "description": "POST /v1/train: `kind` picks the training; with grpo the rest is a GrpoRequest. "
+                   "sft and opd are answered 501 not_implemented by this Kiln.",
+    "properties": {"kind": {"type": "string", "enum": ["grpo", "agentic", "sft", "opd"]},
+                   **GRPO_REQUEST["properties"]},
+}
+
+
+class TaggedTrainingRequest(_Documented):
+    model_config = ConfigDict(extra="allow", title="TaggedTrainingRequest",
+                              json_schema_extra=lambda schema, cls: schema.update(TAGGED_TRAINING_REQUEST))
+
+
 class GrpoQueued(Schema):
     job_id: str
     state: str
@@ -118,6 +132,12 @@ class GrpoDryRun(Schema):
     groups_with_reward_contrast: int
     groups_without_reward_contrast: int
     message: str
+
+
+class TaggedTraining(Schema):
+    """POST /v1/train's answer: the kind it picked and that kind's route's own answer."""
+    picked: str
+    training: GrpoQueued | GrpoDryRun
 
 
 class TrainingErrorOut(Schema):
