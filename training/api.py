@@ -75,14 +75,15 @@ def _not_trained_here(kind: str) -> KilnError:
              response=TaggedTraining)
 def train_tagged(request, body: TaggedTrainingRequest):
     require_permission(request, "submit_job")
-    kind = body.as_dict().get("kind")
+    named = body.as_dict().get("kind")
+    kind = named if isinstance(named, str) else None  # a list or an object names no kind (and is unhashable)
     if kind in ("grpo", "agentic"):
         data = {key: value for key, value in body.as_dict().items() if key != "kind"}
         # Recorded as /v1/train/grpo: a job's replay request is a POST its body alone answers.
         return {"picked": "grpo", "training": _submit(request, GrpoRequest(**data), "/v1/train/grpo")}
     if kind in NOT_TRAINED_HERE:
         raise _not_trained_here(kind)
-    raise KilnError("training_invalid_request", f"kind: {kind!r} is not a training kind", status=400, field="kind",
+    raise KilnError("training_invalid_request", f"kind: {named!r} is not a training kind", status=400, field="kind",
                     hint='name the kind: "grpo" (trained here), "sft" or "opd" (not implemented: 501)')
 
 

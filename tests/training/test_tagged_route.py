@@ -49,7 +49,7 @@ def test_sft_and_opd_are_declared_and_refused_with_501(api):
                         ("/v1/train", {"kind": "sft"}), ("/v1/train", {"kind": "opd"})):
         error = _error(_post(api, route, body), 501, "not_implemented")
         assert "not implemented by this Kiln" in error["message"] and "/v1/train/grpo" in error["hint"]
-    for kind in (None, "ppo", 3):
+    for kind in (None, "ppo", 3, ["grpo"], {"kind": "grpo"}):
         error = _error(_post(api, "/v1/train", {"kind": kind, "groups": [GROUP]}), 400, "training_invalid_request")
         assert error["message"].startswith("kind:") and "grpo" in error["hint"]
     assert not Job.objects.exists() and not Adapter.objects.exists()

@@ -89,9 +89,11 @@ RECEIPT = {
 }
 
 
-def test_grpo_form_queue_and_live_training_job_page(stack, tmp_path):
+def test_grpo_form_queue_and_live_training_job_page(stack_factory, tiny_model_dir, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
+    # A configured model (training is refused with 503 mock_mode without one); the worker is played.
+    stack = stack_factory(KILN_MODEL_PATH=tiny_model_dir)
     stack.start_web()
     stack.create_user("alice", PASSWORD)
     corpus = tmp_path / "math-r001.jsonl"
