@@ -172,6 +172,8 @@ def _render(request, *, values: dict, error: KilnError | None = None, forbidden:
         "suites": list(suite_list()),
         "data_scopes": DATA_SCOPES,
         "can_submit": request.user.has_perm("jobs.submit_job"),
+        # Said before the form is filled: a submission would be refused with 503 mock_mode.
+        "no_model": settings.KILN.model_path is None,
         **training_fragments.queue_context(),
     }
     return render(request, "ui/training_grpo.html", context, status=status)

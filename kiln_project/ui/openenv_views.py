@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
@@ -176,6 +177,7 @@ def _render(request, *, values: dict, error: KilnError | None = None, status: in
         "error": error,
         "error_field": form.error_field(error, values) if error else "",
         "can_submit": request.user.has_perm("jobs.submit_job"),
+        "no_model": settings.KILN.model_path is None,  # kind train would be refused with 503 mock_mode
         "adapters": _published_adapters(),
         "suites": list(suite_list()),
         "data_scopes": DATA_SCOPES,

@@ -113,6 +113,16 @@ def test_the_credential_hint_names_the_configured_handles(operator_client, setti
         assert "TEAM_TOKEN" not in hint and "env.example" not in hint  # handles only
 
 
+def test_without_a_model_the_page_says_train_runs_are_refused(operator_client, settings):
+    from dataclasses import replace
+
+    assert 'id="no-model"' not in operator_client.get(PAGE).content.decode()  # tests/settings.py has one
+    settings.KILN = replace(settings.KILN, model_path=None)
+    html = operator_client.get(PAGE).content.decode()
+    banner = re.search(r'<p class="message error" id="no-model">(.*?)</p>', html, re.S).group(1)
+    assert "train runs are refused" in re.sub(r"\s+", " ", banner) and "KILN_MODEL_PATH" in banner
+
+
 def test_submit_records_a_run_whose_request_is_the_posted_body_normalized(operator_client, operator):
     data = _form(environment_url=[URL_A, URL_B], credential_id=["", ""], row_id=["0", "1"],
                  environment_reset_options=['{"target": 4, "seed": 9}', ""], groups="3", group_size="2",

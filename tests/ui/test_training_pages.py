@@ -66,6 +66,23 @@ def test_grpo_page_shows_the_form_and_an_empty_queue(operator_client):
     assert 'ws-connect="/ws/ui/training/queue/"' in html
     assert "No GRPO training is running." in html and "Nothing is waiting." in html
     assert "No GRPO training has finished yet." in html
+    assert 'id="no-model"' not in html  # a model is configured (tests/settings.py)
+
+
+def test_without_a_model_the_page_says_so_and_a_submission_is_refused_with_mock_mode(
+    operator_client, settings
+):
+    import dataclasses
+
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=None)
+    html = operator_client.get("/ui/training/grpo/").content.decode()
+    assert 'id="no-model"' in html and "KILN_MODEL_PATH" in html
+    upload = SimpleUploadedFile("g.jsonl", (json.dumps(GROUP) + "\n").encode())
+    response = operator_client.post("/ui/training/grpo/", {"jsonl_file": upload, "output_name": "m-r001"})
+    assert response.status_code == 503
+    html = response.content.decode()
+    assert "<code>mock_mode</code>" in html and "Nothing was queued." in html
+    assert not Job.objects.exists()
 
 
 def test_upload_queues_a_training_job_and_redirects_to_its_page(operator_client, operator):
