@@ -9,6 +9,7 @@ gpu_runtime (the services reach the pure `core.contracts.provenance` through `ev
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404
@@ -62,6 +63,7 @@ def _render(request, *, values: dict, error: KilnError | None = None, scorer_err
         "scorers": list(scorer_list()),
         "adapters": _published_adapters(),
         "can_submit": request.user.has_perm("jobs.submit_job"),
+        "no_model": settings.KILN.model_path is None,  # generation would be refused with 503 mock_mode
         "max_seeds": MAX_SEEDS,
         "max_concurrency": MAX_CONCURRENCY,
         "recent": rollout_selectors.rollout_jobs(),

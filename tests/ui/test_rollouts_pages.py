@@ -162,6 +162,20 @@ def test_submitting_queues_a_control_job_with_pinned_inputs(operator_client, ope
     assert "the base model" in page
 
 
+def test_without_a_model_the_page_says_so_and_generation_is_refused_with_mock_mode(operator_client, home, settings):
+    import dataclasses
+
+    _register(operator_client)
+    assert 'id="no-model"' not in operator_client.get(URL).content.decode()  # tests/settings.py has one
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=None)
+    assert "rollout generation is refused" in " ".join(operator_client.get(URL).content.decode().split())
+    response = operator_client.post(URL, _form())
+    assert response.status_code == 503
+    page = response.content.decode()
+    assert "<code>mock_mode</code>" in page and "Nothing was queued." in page and "KILN_MODEL_PATH" in page
+    assert not Job.objects.exists() and _inputs(home) == []  # refused before anything was pinned
+
+
 def test_a_pasted_template_and_thinking_are_accepted(operator_client):
     _register(operator_client)
     response = operator_client.post(URL, _form(request_file=None, request_json=TEMPLATE, thinking="on",
