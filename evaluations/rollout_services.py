@@ -18,13 +18,12 @@ import shutil
 import uuid
 from pathlib import Path
 
-from django.conf import settings
-
 from adapters.selectors import adapter_published_path
 from core.artifacts import write_file
 from core.canonical import sha256_digest
 from core.errors import KilnError
 from core.jobs.services import job_submit
+from core.model_weights import require_model_weights
 from evaluations.generation.errors import RolloutError
 from evaluations.generation.generate import plan_requests
 from evaluations.generation.template import MAX_SEED, RenderOptions, load_tasks, load_template
@@ -103,11 +102,7 @@ def rollouts_submit(*, tasks: bytes | None, tasks_filename: str = "tasks.jsonl",
                     adapter: str = "base", seeds=1, seed_start=0, thinking: bool = False,
                     thinking_budget_tokens=None, concurrency=4, user=None, route: str = ROUTE):
     """Validate a generation request in full and queue it; returns the job. Raises KilnError."""
-    if settings.KILN.model_path is None:  # nothing to sample from: refused now, not after a job's retries
-        raise KilnError("mock_mode", "real model weights are unavailable: no model is configured, so there is "
-                        "nothing to sample rollouts from", status=503,
-                        hint="set model.path in kiln.toml or KILN_MODEL_PATH, restart the server, check /health, "
-                             "and submit again")
+    require_model_weights(needed_for="to sample rollouts from")  # refused now, not after a job's retries
     adapter_name = _adapter(adapter)
     registered = scorer_get(name=(scorer or "").strip()) if isinstance(scorer, str) else None
     if registered is None:

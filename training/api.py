@@ -32,9 +32,8 @@ from training.services import grpo_dry_run, grpo_submit, snapshot_discard
 router = Router(tags=["training"])
 
 
-def _submit(request, body: GrpoRequest, route: str) -> dict:
+def _submit(request, data: dict, route: str) -> dict:
     require_permission(request, "submit_job")
-    data = body.as_dict()
     if data.get("dry_run") is True:
         return grpo_dry_run(body=data)
     job, seed = grpo_submit(body=data, user=request.user, route=route)
@@ -47,18 +46,18 @@ def _submit(request, body: GrpoRequest, route: str) -> dict:
 
 @router.post("/train/grpo", summary="Queue GRPO training from scored groups", response=GrpoQueued | GrpoDryRun)
 def train_grpo(request, body: GrpoRequest):
-    return _submit(request, body, "/v1/train/grpo")
+    return _submit(request, body.as_dict(), "/v1/train/grpo")
 
 
 @router.post("/train/agentic", summary="Queue GRPO training (agentic alias)", response=GrpoQueued | GrpoDryRun)
 def train_agentic(request, body: GrpoRequest):
-    return _submit(request, body, "/v1/train/agentic")
+    return _submit(request, body.as_dict(), "/v1/train/agentic")
 
 
 @router.post("/training/grpo", summary="Queue GRPO training (compatibility alias)", include_in_schema=False,
              response=GrpoQueued | GrpoDryRun)
 def training_grpo_compat(request, body: GrpoRequest):
-    return _submit(request, body, "/v1/train/grpo")
+    return _submit(request, body.as_dict(), "/v1/train/grpo")
 
 
 # The spec's sibling routes on the training queue. This Kiln trains GRPO (from scored groups or
@@ -74,13 +73,13 @@ def _not_trained_here(kind: str) -> KilnError:
 @router.post("/train", summary="Queue training of the kind the body names (kind: grpo; sft and opd: 501)",
              response=TaggedTraining)
 def train_tagged(request, body: TaggedTrainingRequest):
-    require_permission(request, "submit_job")
-    named = body.as_dict().get("kind")
+    data = body.as_dict()
+    named = data.pop("kind", None)
     kind = named if isinstance(named, str) else None  # a list or an object names no kind (and is unhashable)
     if kind in ("grpo", "agentic"):
-        data = {key: value for key, value in body.as_dict().items() if key != "kind"}
         # Recorded as /v1/train/grpo: a job's replay request is a POST its body alone answers.
-        return {"picked": "grpo", "training": _submit(request, GrpoRequest(**data), "/v1/train/grpo")}
+        return {"picked": "grpo", "training": _submit(request, data, "/v1/train/grpo")}
+    require_permission(request, "submit_job")
     if kind in NOT_TRAINED_HERE:
         raise _not_trained_here(kind)
     raise KilnError("training_invalid_request", f"kind: {named!r} is not a training kind", status=400, field="kind",

@@ -21,6 +21,7 @@ from adapters.services import adapter_publish, adapters_root
 from adapters.serving.runtime_host import resident_base
 from core.errors import KilnError
 from core.jobs.runner import JobCancelled
+from core.model_weights import require_model_weights
 from core.models import ReceiptKind
 from core.receipts import receipt_record
 from training.metrics import count_completed_run
@@ -126,9 +127,8 @@ def run_grpo_job(ctx) -> dict:
     from gpu_runtime.writer_lock import gpu_writer
 
     payload = GrpoJobPayload.of(ctx.job)
-    if settings.KILN.model_path is None:
-        # Admission refused this already; a worker started with other settings than the web process gets here.
-        raise KilnError("mock_mode", "real model weights are unavailable: no model is configured")
+    # Admission refused this already; a worker started with other settings than the web process gets here.
+    require_model_weights()
     name, config = payload.adapter_name, payload.config
     snapshot = Path(payload.snapshot_path)
     groups = [json.loads(line) for line in snapshot.read_bytes().splitlines() if line.strip()]

@@ -40,6 +40,7 @@ from core.contracts.grpo_submission import DRY_RUN_MODE, GrpoSubmission
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
 from core.jobs.services import job_submit
+from core.model_weights import require_model_weights
 from training.base_adapter_shape import base_adapter_shape_problem
 from training.config_defaults import apply_training_defaults
 from training.payloads import GrpoJobPayload
@@ -358,21 +359,13 @@ class GrpoAdmission:
     resume_manifest_sha256: str | None = None  # the resumed checkpoint's manifest as admitted
 
 
-def _require_model_weights() -> None:
-    """No model configured: refuse at submission (spec: 503 `mock_mode` for training) rather than
-    queue a job that can only fail when a worker picks it up. The runner checks again, since a worker
-    may be started with other settings than the web process."""
-    if settings.KILN.model_path is None:
-        raise KilnError("mock_mode", "real model weights are unavailable: no model is configured", status=503,
-                        hint="set model.path in kiln.toml or KILN_MODEL_PATH, restart the server, check that "
-                             "/health says training_backend ready, and submit again")
-
-
 def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmission:
     """Every check a GRPO request passes before it is queued; stores nothing (KilnError otherwise)."""
     if not isinstance(body, dict):
         raise _invalid("must be a JSON object", "request")
-    _require_model_weights()
+    # Refused here, not queued to fail when a worker picks it up (the runner checks again: a worker
+    # may be started with other settings than the web process).
+    require_model_weights()
     submission, config_sources = _parse_submission(body)
     server_defaults = dict(settings.KILN.training_defaults)
     if sealed_sources is not None:

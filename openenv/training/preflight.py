@@ -27,6 +27,7 @@ from django.conf import settings
 from core.contracts.grpo_submission import PostEvalConfig
 from core.contracts.grpo_values import GrpoConfigError
 from core.errors import KilnError
+from core.model_weights import require_model_weights
 from openenv.collector.config import adapter_name
 from openenv.training import contract as contracts
 from training.config_defaults import apply_training_defaults
@@ -150,9 +151,7 @@ def training_preflight(*, adapter: str, output_adapter: str, training_config: di
     from adapters.selectors import adapter_get
     from adapters.services import validate_adapter_name
 
-    if settings.KILN.model_path is None:
-        raise KilnError("mock_mode", "real model weights are unavailable: no model is configured", status=503,
-                        hint="set model.path in kiln.toml or KILN_MODEL_PATH, restart, and submit again")
+    require_model_weights()
     behavior = adapter_name(adapter)
     validate_adapter_name(output_adapter, field="output_adapter")
     if output_adapter == behavior:
