@@ -403,8 +403,10 @@ def _show(status: dict, args) -> int:
         print(f"post-eval {post_eval_text(evaluation)}")
     for warning in status.get("warnings") or []:
         print(f"warning   {warning}")
-    for artifact in status.get("artifacts") or []:
-        print(f"artifact  {artifact['kind']:<8} {artifact['bytes']:>10} B  {artifact['sha256']}")
+    artifacts = status.get("artifacts") or []
+    width = max((len(artifact["kind"]) for artifact in artifacts), default=0)  # one column for every kind
+    for artifact in artifacts:
+        print(f"artifact  {artifact['kind']:<{width}} {artifact['bytes']:>10} B  {artifact['sha256']}")
     if status.get("failure"):
         for line in failure_lines(status["failure"]):
             print(line)

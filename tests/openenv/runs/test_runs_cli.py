@@ -123,3 +123,20 @@ def test_artifact_help_names_every_kind_the_server_serves(capsys):
         sides, whats = (part.split(",") for part in re.findall(r"\{([^}]+)\}", braces))
         named |= {f"environment_eval_{side}_{what}" for side, what in itertools.product(sides, whats)}
     assert set(ARTIFACT_KINDS) <= named
+
+
+def test_status_lines_up_the_artifacts_whatever_their_kinds_lengths(capsys):
+    """A train run's artifacts (`environment_eval_baseline_dataset`, ...) are longer than the
+    collection's: sizes and hashes still start in one column."""
+    from types import SimpleNamespace
+
+    from kiln_project.cli.openenv_runs_cmd import _show
+
+    kinds = ["dataset", "train_receipt", "environment_eval_baseline_dataset"]
+    status = {"run_id": "r", "kind": "train", "admission": {"sequence": 3}, "state": "completed",
+              "stage": "environment_evaluation",
+              "artifacts": [{"kind": kind, "bytes": 10 ** i, "sha256": f"sha256:{i:064d}"} for i, kind in enumerate(kinds)]}
+    assert _show(status, SimpleNamespace(json=False)) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("artifact  ")]
+    assert [line.split()[1] for line in lines] == kinds
+    assert len({line.index(" B  sha256:") for line in lines}) == 1
