@@ -1,4 +1,5 @@
-"""Run one later warm-up phase of the tiny model from a model that finished the phases before it.
+"""Run one later step of the tiny model's recipe (a warm-up phase, or the sharpening after the third)
+from a model that finished the steps before it.
 
 Why: the first phase's floating point differs between CPUs (docs/tiny-model.md), so rebuilding it on
 another machine gives another model than the release whose behaviour the tests were tuned on.
@@ -19,6 +20,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 from gpu_runtime.chat_template import CHAT_TEMPLATE
 from gpu_runtime.identity import file_manifest, manifest_digest
 from gpu_runtime.tiny_model import (
+    LOGIT_SCALE,
     check_target,
     deterministic_cpu,
     finish,
@@ -27,9 +29,11 @@ from gpu_runtime.tiny_model import (
     run_second_phase,
     run_third_phase,
     second_phase_fields,
+    sharpen,
     third_phase_fields,
 )
 from gpu_runtime.tiny_release import RECIPE_FILE
+from gpu_runtime.tiny_value_tasks import ValueEpisodes
 
 
 def continue_with_second_phase(
@@ -70,6 +74,26 @@ def continue_with_third_phase(
 
     return _continue(second_phase_dir, out_dir, base_recipe, run, overwrite=overwrite, extra={},
                      origin="second_phase_model_sha256")
+
+
+def continue_with_sharpening(third_phase_dir: Path, out_dir: Path, *, overwrite: bool = False) -> dict:
+    """Run only the recipe's last step (`tiny_model.sharpen`) on a model that ran the third phase, and
+    measure again what the recipe records."""
+    base_recipe = _base_recipe(third_phase_dir)
+    if "value_steps" not in base_recipe:
+        raise ValueError(f"{third_phase_dir} has not run the third phase; sharpening follows it")
+    if "logit_scale" in base_recipe:
+        raise ValueError(f"{third_phase_dir} is sharpened already (logit_scale {base_recipe['logit_scale']})")
+
+    def run(model, tokenizer) -> dict:
+        sharpen(model)
+        return {"logit_scale": LOGIT_SCALE,
+                "held_out_schema_validity": measure_schema_validity(model, tokenizer),
+                "held_out_value_validity": measure_schema_validity(model, tokenizer, episodes_type=ValueEpisodes),
+                "third_phase_held_out_accuracy": base_recipe["held_out_accuracy"]}
+
+    return _continue(third_phase_dir, out_dir, base_recipe, run, overwrite=overwrite, extra={},
+                     origin="third_phase_model_sha256")
 
 
 def _base_recipe(model_dir: Path) -> dict:

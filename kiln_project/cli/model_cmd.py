@@ -4,8 +4,9 @@ By default the shipped release is copied and verified byte for byte, so every ma
 same model in seconds. `--rebuild` (implied by `--seed`, `--warm-steps`, `--schema-steps` or `--value-steps`) runs the
 recipe instead, which takes minutes and gives bytes that depend on the CPU. `--first-phase MODEL_DIR`
 runs only the recipe's second phase from a model whose first phase was built already, and
-`--second-phase MODEL_DIR` only its third phase from a model that ran the second (this is how the
-release was cut: each phase from the release before it, byte for byte).
+`--second-phase MODEL_DIR` only its third phase from a model that ran the second, and
+`--third-phase MODEL_DIR` only the sharpening that ends the recipe (this is how the release was cut:
+each step from the release before it, byte for byte).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def add_parser(subparsers) -> None:
     phases.add_argument("--second-phase", type=Path, default=None, metavar="MODEL_DIR",
                         help="run only the third phase, starting from the model in MODEL_DIR (a model that ran the "
                              "second phase, such as an earlier release); needs --value-steps")
+    phases.add_argument("--third-phase", type=Path, default=None, metavar="MODEL_DIR",
+                        help="run only the recipe's last step, the sharpening (logits times the recipe's "
+                             "logit_scale), on the model in MODEL_DIR (a model that ran the third phase)")
     tiny.add_argument("--force", action="store_true", help="replace an existing model in DIR")
     model.set_defaults(handler=run)
 
@@ -64,6 +68,8 @@ def run(args) -> int:
         summary = _second_phase_only(target, args)
     elif args.second_phase is not None:
         summary = _third_phase_only(target, args)
+    elif args.third_phase is not None:
+        summary = _sharpening_only(target, args)
     elif args.rebuild or any(value is not None for value in (args.seed, args.warm_steps, args.schema_steps,
                                                              args.value_steps)):
         summary = _rebuild(target, args)
@@ -129,6 +135,17 @@ def _third_phase_only(target: Path, args) -> dict:
     return _one_phase(target, args, args.second_phase, "invalid_second_phase",
                       lambda source: continue_with_third_phase(source, target, value_steps=args.value_steps,
                                                                overwrite=args.force))
+
+
+def _sharpening_only(target: Path, args) -> dict:
+    from gpu_runtime.tiny_phases import continue_with_sharpening
+    from kiln_project.cli.client import CliError
+
+    if args.schema_steps is not None or args.value_steps is not None:
+        raise CliError("invalid_third_phase", "--third-phase trains nothing; it only sharpens that model",
+                       "drop --schema-steps and --value-steps")
+    return _one_phase(target, args, args.third_phase, "invalid_third_phase",
+                      lambda source: continue_with_sharpening(source, target, overwrite=args.force))
 
 
 def _one_phase(target: Path, args, source: Path, code: str, run) -> dict:

@@ -159,3 +159,52 @@ def test_cli_runs_only_the_third_phase_from_a_model_that_ran_the_second(tmp_path
         assert refused.returncode != 0 and code in refused.stderr and words in refused.stderr, refused.stderr
         assert refused.stderr.count("\n") == 1
         assert not Path(args[0]).exists()
+
+
+def test_cli_sharpens_a_model_that_ran_the_third_phase_and_only_its_logits_change(tmp_path):
+    """`--third-phase` runs only the recipe's last step: every logit times LOGIT_SCALE, nothing else moved."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from gpu_runtime.identity import file_manifest, manifest_digest
+    from gpu_runtime.tiny_model import LOGIT_SCALE, create_tiny_model
+
+    third, second = tmp_path / "third", tmp_path / "second"
+    create_tiny_model(second, warm_steps=2, schema_steps=1, value_steps=0)
+    base = [sys.executable, "-m", "kiln_project.cli.main", "model", "create-tiny"]
+    made = subprocess.run(base + [str(third), "--second-phase", str(second), "--value-steps", "1"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert made.returncode == 0, made.stderr
+    sharp = tmp_path / "sharp"
+    done = subprocess.run(base + [str(sharp), "--third-phase", str(third)], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+    recipe = json.loads((sharp / tiny_release.RECIPE_FILE).read_text())
+    third_recipe = json.loads((third / tiny_release.RECIPE_FILE).read_text())
+    assert recipe["logit_scale"] == LOGIT_SCALE and "logit_scale" not in third_recipe
+    assert recipe["third_phase_model_sha256"] == manifest_digest(file_manifest(third, ["model.safetensors"]))
+    assert recipe["third_phase_held_out_accuracy"] == third_recipe["held_out_accuracy"]
+    assert recipe["value_steps"] == 1 and recipe["held_out_value_validity"]["schemas"] == 64
+    for name in ("tokenizer.json", "chat_template.jinja", "config.json"):
+        assert (sharp / name).read_bytes() == (third / name).read_bytes(), name
+
+    before = Qwen3ForCausalLM.from_pretrained(third, dtype=torch.float32).eval()
+    after = Qwen3ForCausalLM.from_pretrained(sharp, dtype=torch.float32).eval()
+    changed = [name for name, tensor in after.state_dict().items() if not torch.equal(tensor, before.state_dict()[name])]
+    assert changed == ["model.norm.weight"]
+    ids = torch.tensor([[5, 17, 99, 3, 250]])
+    with torch.no_grad():
+        torch.testing.assert_close(after(ids).logits, before(ids).logits * LOGIT_SCALE, rtol=1e-5, atol=1e-5)
+
+    refusals = {
+        "no third phase": ([str(tmp_path / "a"), "--third-phase", str(second)], "has not run the third phase"),
+        "twice": ([str(tmp_path / "b"), "--third-phase", str(sharp)], "sharpened already"),
+        "steps": ([str(tmp_path / "c"), "--third-phase", str(third), "--value-steps", "1"], "trains nothing"),
+    }
+    for args, words in refusals.values():
+        refused = subprocess.run(base + args, capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert refused.returncode != 0 and "invalid_third_phase" in refused.stderr and words in refused.stderr, \
+            refused.stderr
+        assert refused.stderr.count("\n") == 1
+        assert not Path(args[0]).exists()
