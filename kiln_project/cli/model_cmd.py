@@ -38,7 +38,8 @@ def add_parser(subparsers) -> None:
                              "such as an earlier release); needs --schema-steps")
     phases.add_argument("--second-phase", type=Path, default=None, metavar="MODEL_DIR",
                         help="run only the third phase, starting from the model in MODEL_DIR (a model that ran the "
-                             "second phase, such as an earlier release); needs --value-steps")
+                             "second phase, such as an earlier release), without the sharpening that follows it "
+                             "(--third-phase); needs --value-steps")
     phases.add_argument("--third-phase", type=Path, default=None, metavar="MODEL_DIR",
                         help="run only the recipe's last step, the sharpening (logits times the recipe's "
                              "logit_scale), on the model in MODEL_DIR (a model that ran the third phase)")
