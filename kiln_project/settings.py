@@ -16,7 +16,10 @@ from kiln_project.config import load_config
 BASE_DIR = Path(__file__).resolve().parent.parent
 KILN = load_config()
 if not KILN.home.exists():
-    KILN.home.mkdir(parents=True, mode=0o700)  # private: the database, the secret key, tokens
+    try:
+        KILN.home.mkdir(parents=True, mode=0o700)  # private: the database, the secret key, tokens
+    except FileExistsError:
+        pass  # another Kiln process starting at the same moment made it (a fresh home, several commands)
 
 
 def _secret_key() -> str:

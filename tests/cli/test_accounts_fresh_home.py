@@ -78,3 +78,27 @@ def test_a_viewer_is_created_without_the_submit_permission(tmp_path):
     assert rows == [("reader", None), ("writer", "submit_job")]
     clash = _kiln(home, "user", "create", "both", "--viewer", "--superuser")
     assert clash.returncode == 2 and "not allowed with argument" in clash.stderr
+
+
+def test_a_home_another_command_makes_first_is_not_an_error(tmp_path):
+    """Several commands started together on a fresh KILN_HOME: each sees no home, one makes it, and the
+    others' mkdir meets it (CI caught `os_error: File exists` from one of four `user create`s). The
+    interleaving is forced here: the home exists, but the check before the mkdir is told it does not."""
+    home = tmp_path / "made-by-another"
+    home.mkdir(mode=0o700)
+    program = (
+        "import pathlib, sys\n"
+        "home = pathlib.Path(sys.argv[1])\n"
+        "real_exists = pathlib.Path.exists\n"
+        "pathlib.Path.exists = lambda self, *a, **k: False if self == home else real_exists(self, *a, **k)\n"
+        "import kiln_project.settings as settings\n"
+        "pathlib.Path.exists = real_exists\n"
+        "print(settings.KILN.home == home)\n"
+    )
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "KILN_DATABASE_URL", "KILN_DEBUG")}
+    env.update(KILN_HOME=str(home))
+    done = subprocess.run([sys.executable, "-c", program, str(home)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
