@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     from gpu_runtime.sample_types import SampleRequest
     from gpu_runtime.sampler import Sampler
     from gpu_runtime.sampling import SamplingParams
-    from gpu_runtime.tiny_model import letter_pieces
+    from gpu_runtime.tiny_measure import letter_pieces
     from openenv.client.actions import ActionSchema, parse_and_validate_action
     from openenv.client.errors import ActionError
 

@@ -19,13 +19,12 @@ from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from gpu_runtime.chat_template import CHAT_TEMPLATE
 from gpu_runtime.identity import file_manifest, manifest_digest
+from gpu_runtime.tiny_measure import measure_accuracy, measure_schema_validity
 from gpu_runtime.tiny_model import (
     LOGIT_SCALE,
     check_target,
     deterministic_cpu,
     finish,
-    measure_accuracy,
-    measure_schema_validity,
     run_second_phase,
     run_third_phase,
     second_phase_fields,

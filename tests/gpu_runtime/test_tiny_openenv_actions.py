@@ -102,7 +102,7 @@ def test_it_copies_action_fields_it_was_never_trained_on(sampler, tiny_model_dir
     phase's release 0.711 and 12 of 16; the first phase's alone 0.0)."""
     from transformers import AutoTokenizer
 
-    from gpu_runtime.tiny_model import letter_pieces
+    from gpu_runtime.tiny_measure import letter_pieces
     from gpu_runtime.tiny_schema_tasks import SchemaEpisodes
 
     episodes = SchemaEpisodes(random.Random(2026), letter_pieces(AutoTokenizer.from_pretrained(tiny_model_dir)))
