@@ -16,13 +16,13 @@ from django.utils import timezone
 
 from adapters.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
 from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition
+from core.accounts.permissions import check_owner_or_permitted
 from core.artifacts import CHECKPOINT_SUFFIX, StagedDirectory, ensure_dir, hidden_sibling
 from core.canonical import sha256_digest
 from core.content_identity import file_sha256
 from core.contracts.names import is_valid_name
 from core.db_locks import REGISTRY, serialize
 from core.errors import KilnError
-from core.jobs.services import check_owner_or_permitted
 
 log = logging.getLogger(__name__)
 
@@ -302,8 +302,8 @@ def adapter_owner_id(adapter: Adapter) -> int | None:
 
 
 def adapter_check_delete(*, adapter: Adapter, user) -> None:
-    """The jobs' rule (core.jobs.services.check_owner_or_permitted): only the adapter's owner or a holder
-    of jobs.delete_others_jobs deletes it (403 adapter_delete_forbidden)."""
+    """The rule for others' work (core.accounts.permissions): only the adapter's owner or a holder of
+    jobs.delete_others_jobs deletes it (403 adapter_delete_forbidden)."""
     check_owner_or_permitted(owner_id=adapter_owner_id(adapter), user=user, what=f"adapter {adapter.name!r}",
                              code="adapter_delete_forbidden")
 

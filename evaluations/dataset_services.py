@@ -20,10 +20,10 @@ from pathlib import Path
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from core.accounts.permissions import check_owner_or_permitted
 from core.artifacts import StagedDirectory, hidden_sibling, json_bytes
 from core.canonical import sha256_digest
 from core.errors import KilnError
-from core.jobs.services import check_owner_or_permitted
 from core.process_locks import ProcessLock
 from evaluations.datasets import split as splitting
 from evaluations.datasets.formats import FORMATS, FormatError, parse_rows, read_rows, row_bytes
@@ -212,7 +212,7 @@ def dataset_split_update(*, dataset: EvalDataset, config, user=None) -> EvalData
 
 
 def dataset_check_delete(*, dataset: EvalDataset, user) -> None:
-    """The jobs' rule (core.jobs.services.check_owner_or_permitted): only the dataset's uploader
+    """The jobs' rule (core.accounts.permissions.check_owner_or_permitted): only the dataset's uploader
     (created_by) or a holder of jobs.delete_others_jobs deletes it (403 dataset_delete_forbidden)."""
     check_owner_or_permitted(owner_id=dataset.created_by_id, user=user, what=f"dataset {dataset.name!r}",
                              code="dataset_delete_forbidden")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from core.accounts.permissions import check_owner_or_permitted
 from core.db_locks import serialize
 from core.errors import KilnError
 from core.jobs.broadcast import broadcast_job_changed
@@ -156,16 +157,6 @@ def job_mark_cancelled(*, job: Job, result: dict | None = None) -> bool:
         job, JobState.CANCELLED, event_message="cancelled while running", error_code="job_cancelled",
         error_message="cancelled on request", result=result or {},
     )
-
-
-def check_owner_or_permitted(*, owner_id, user, what: str, code: str) -> None:
-    """Another user's work (a job, an OpenEnv run, an adapter, a dataset, a suite) may be cancelled or
-    deleted only with jobs.delete_others_jobs (403 `code`): submit_job lets a user cancel or delete
-    their own. Work nobody submitted (anonymous) is anyone's."""
-    if owner_id is not None and owner_id != getattr(user, "id", None) and not (
-            user is not None and user.has_perm("jobs.delete_others_jobs")):
-        raise KilnError(code, f"{what} belongs to another user", status=403,
-                        hint="ask its owner, or an administrator, who can grant jobs.delete_others_jobs in /admin/")
 
 
 def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletable",

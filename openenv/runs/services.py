@@ -341,8 +341,9 @@ def run_mark_cancelled(run: OpenEnvRun, *, reason: str) -> bool:
 
 def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
     """Cancel a queued run now, or an active one at the next boundary of its current phase."""
+    from core.accounts.permissions import check_owner_or_permitted
     from core.jobs.models import JobState
-    from core.jobs.services import check_owner_or_permitted, job_cancel
+    from core.jobs.services import job_cancel
 
     check_owner_or_permitted(owner_id=run.submitted_by_id, user=user, what=f"run {run.id}",
                              code="openenv_run_cancel_forbidden")
