@@ -5,7 +5,8 @@
 Prints, for named one-field schemas (`guess`, `message`, `direction`, ...), two fields (`row` +
 `col`), the counter, action schemas as small games declare them (`--games`: rock-paper-scissors,
 blackjack, a trade of an enum side and a bounded quantity, an optional field, ...; `--enum-classes`:
-their enum fields typed by Enum classes, `$ref`s into `$defs`), and schemas whose
+their enum fields typed by Enum classes, `$ref`s into `$defs`; `--structured`: fields no warm-up phase
+draws, lists, tuples, dicts and nested models), and schemas whose
 field names the tiny model's second warm-up phase holds out,
 how many of `--samples` actions (T = 1.0, through `gpu_runtime.sampler`) pass Kiln's own parser and
 validator, with a few of the answers. MODEL_DIR defaults to the shipped tiny model. This is the
@@ -62,6 +63,23 @@ GAMES = {
 }
 
 
+# Action fields whose values are not one scalar, as Pydantic declares `list[float]`, `list[int]` with a
+# length bound, `list[Literal[...]]`, `tuple[int, int]`, `dict[str, int]` and a nested model (a `$ref`);
+# no warm-up phase draws such a field (docs/tiny-model.md, "Known gaps").
+STRUCTURED = {
+    "list of numbers (portfolio weights)": {"weights": {"items": {"type": "number"}, "type": "array"}},
+    "list of 1..3 digits": {"picks": {"items": _bounded(0, 9), "maxItems": 3, "minItems": 1, "type": "array"}},
+    "list of enum members": {"moves": {"items": _enum("left", "right", "up", "down"), "type": "array"}},
+    "tuple (row, col)": {"cell": {"maxItems": 2, "minItems": 2, "type": "array",
+                                  "prefixItems": [_bounded(0, 2), _bounded(0, 2)]}},
+    "dict of counts": {"order": {"additionalProperties": {"type": "integer"}, "type": "object"}},
+    "nested model (x, y)": {"target": {"$ref": "#/$defs/Point"}},
+}
+STRUCTURED_DEFINITIONS = {"Point": {"properties": {"x": {"title": "X", "type": "integer"},
+                                                   "y": {"title": "Y", "type": "integer"}},
+                                    "required": ["x", "y"], "title": "Point", "type": "object"}}
+
+
 def game_schema(fields: dict, enum_classes: bool = False) -> dict:
     """As Pydantic writes it; `enum_classes`: each enum field typed by an Enum class, which Pydantic
     declares as a `$ref` into `$defs` (Kiln's system prompt shows it inlined)."""
@@ -70,8 +88,12 @@ def game_schema(fields: dict, enum_classes: bool = False) -> dict:
         if enum_classes and "enum" in prop:
             definitions[f"{key.title()}Kind"] = dict(prop, title=f"{key.title()}Kind")
             properties[key] = {"$ref": f"#/$defs/{key.title()}Kind"}
+        elif "$ref" in prop:
+            properties[key] = prop
         else:
             properties[key] = dict(prop, title=key.title())
+    if any("$ref" in prop for prop in fields.values()):
+        definitions.update(STRUCTURED_DEFINITIONS)
     required = [key for key, prop in fields.items() if "default" not in prop]
     schema = {"additionalProperties": False, "properties": properties, "required": required, "title": "Action",
               "type": "object"}
@@ -84,7 +106,10 @@ def one_field(key: str, prop: dict) -> dict:
             "title": "Action", "type": "object"}
 
 
-def probe_schemas(pieces: list[str], held_out: int, games: bool = False, enum_classes: bool = False) -> dict[str, dict]:
+def probe_schemas(pieces: list[str], held_out: int, games: bool = False, enum_classes: bool = False,
+                  structured: bool = False) -> dict[str, dict]:
+    if structured:
+        return {label: game_schema(fields) for label, fields in STRUCTURED.items()}
     if games:
         return {label: game_schema(fields, enum_classes) for label, fields in GAMES.items()}
     from gpu_runtime.tiny_openenv_tasks import action_schema
@@ -112,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--games", action="store_true", help="only the action schemas of small games (GAMES)")
     parser.add_argument("--enum-classes", action="store_true",
                         help="with --games: enum fields typed by Enum classes ($defs + $ref, as Pydantic writes them)")
+    parser.add_argument("--structured", action="store_true",
+                        help="only action fields no warm-up phase draws: lists, tuples, dicts, nested models")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -128,7 +155,8 @@ def main(argv=None) -> int:
     sampler = Sampler(load_model(args.model))
     pieces = letter_pieces(AutoTokenizer.from_pretrained(args.model))
     total = valid_total = 0
-    for label, schema in probe_schemas(pieces, args.held_out, args.games, args.enum_classes).items():
+    for label, schema in probe_schemas(pieces, args.held_out, args.games, args.enum_classes,
+                                                  args.structured).items():
         env = {"identity": {"metadata": {"name": "probe", "description": "A probe environment."}},
                "schema": {"action": schema}}
         messages = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": "Make your move."}]
