@@ -44,6 +44,10 @@ class AnonPeak:
         self._peak = max(self._peak, _rss_anon_kib())
         return self._peak / 1024.0
 
+    def seen_mib(self) -> float:
+        """The highest the watcher thread has seen so far, without reading the current use."""
+        return self._peak / 1024.0
+
     def stop(self) -> float:
         self._stop.set()
         return self.mib()

@@ -58,7 +58,11 @@ def test_the_anonymous_memory_peak_sees_an_allocation_that_is_gone():
     watcher = AnonPeak(interval=0.001)
     before = watcher.mib()
     block = b"\x01" * (160 * 2**20)  # written, so resident
-    time.sleep(0.05)
+    # The watcher thread samples every millisecond, but on a loaded machine it may not run for a
+    # while: wait (up to 10 s) for it to see the block rather than for a fixed time.
+    deadline = time.monotonic() + 10
+    while watcher.seen_mib() - before < 150 and time.monotonic() < deadline:
+        time.sleep(0.01)
     del block
     time.sleep(0.01)
     peak = watcher.stop()
