@@ -155,8 +155,8 @@ def main(argv=None) -> int:
     sampler = Sampler(load_model(args.model))
     pieces = letter_pieces(AutoTokenizer.from_pretrained(args.model))
     total = valid_total = 0
-    for label, schema in probe_schemas(pieces, args.held_out, args.games, args.enum_classes,
-                                                  args.structured).items():
+    schemas = probe_schemas(pieces, args.held_out, args.games, args.enum_classes, args.structured)
+    for label, schema in schemas.items():
         env = {"identity": {"metadata": {"name": "probe", "description": "A probe environment."}},
                "schema": {"action": schema}}
         messages = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": "Make your move."}]

@@ -212,7 +212,7 @@ def dataset_split_update(*, dataset: EvalDataset, config, user=None) -> EvalData
 
 
 def dataset_check_delete(*, dataset: EvalDataset, user) -> None:
-    """The jobs' rule (core.accounts.permissions.check_owner_or_permitted): only the dataset's uploader
+    """The rule for others' work (core.accounts.permissions): only the dataset's uploader
     (created_by) or a holder of jobs.delete_others_jobs deletes it (403 dataset_delete_forbidden)."""
     check_owner_or_permitted(owner_id=dataset.created_by_id, user=user, what=f"dataset {dataset.name!r}",
                              code="dataset_delete_forbidden")

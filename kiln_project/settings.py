@@ -15,11 +15,9 @@ from kiln_project.config import load_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 KILN = load_config()
-if not KILN.home.exists():
-    try:
-        KILN.home.mkdir(parents=True, mode=0o700)  # private: the database, the secret key, tokens
-    except FileExistsError:
-        pass  # another Kiln process starting at the same moment made it (a fresh home, several commands)
+# Private: the database, the secret key, tokens. exist_ok, not a check first: several commands
+# started together on a fresh home each see none, and all but one meet the home another just made.
+KILN.home.mkdir(parents=True, mode=0o700, exist_ok=True)
 
 
 def _secret_key() -> str:

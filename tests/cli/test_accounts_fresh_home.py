@@ -83,7 +83,8 @@ def test_a_viewer_is_created_without_the_submit_permission(tmp_path):
 def test_a_home_another_command_makes_first_is_not_an_error(tmp_path):
     """Several commands started together on a fresh KILN_HOME: each sees no home, one makes it, and the
     others' mkdir meets it (CI caught `os_error: File exists` from one of four `user create`s). The
-    interleaving is forced here: the home exists, but the check before the mkdir is told it does not."""
+    interleaving is forced here: the home exists, but any existence check is told it does not, so a
+    check-then-mkdir would meet it as those commands did."""
     home = tmp_path / "made-by-another"
     home.mkdir(mode=0o700)
     program = (
