@@ -42,7 +42,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...]] = {
     "server": ("home", "serving_profile", "host", "port", "allow_anonymous_api", "max_request_bytes",
                "max_adapter_upload_bytes", "production", "allowed_hosts"),
     "jobs": ("max_queued_jobs",),
-    "training": ("max_queued_jobs", "checkpoint_interval", "dataset_roots", "defaults"),
+    "training": ("max_queued_jobs", "checkpoint_interval", "dataset_roots", "defaults", "memory_budget_mib"),
     "openenv": ("enabled", "allow_remote_environments", "max_active_runs", "max_tracked_runs",
                 "tracked_run_ttl_secs", "credentials"),
     "promotion": ("require_approval", "allow_self_approval", "max_kl_to_reference", "min_length_ratio",
@@ -108,6 +108,11 @@ class KilnConfig:
     # at the cost of one KV cache row each: size it to the accelerator's memory and the longest
     # completions served.
     sampler_max_batch_size: int = 32
+    # [training] memory_budget_mib (KILN_TRAINING_MEMORY_BUDGET_MIB): the memory one GRPO step may
+    # use beyond the resident model, on any device; a submission whose estimate exceeds it is refused
+    # with 413 training_will_not_fit (training.memory_preflight). 0: the GPU worker's accelerator
+    # memory decides, and a CPU worker is not checked.
+    training_memory_budget_mib: int = 0
     # KILN_KERNELS (auto | torch | triton): the GPU worker's kernel path (gpu_runtime.kernels.selection).
     kernels: str = "auto"
 
@@ -285,6 +290,8 @@ def _load(env: dict, config_file: Path | None) -> KilnConfig:
         training_defaults=_training_defaults(env, training_toml),
         sampler_max_batch_size=_int_setting(env, "KILN_SAMPLER_MAX_BATCH_SIZE", sampler_toml, "[sampler]",
                                             "max_batch_size", 32, 1),
+        training_memory_budget_mib=_int_setting(env, "KILN_TRAINING_MEMORY_BUDGET_MIB", training_toml, "[training]",
+                                                "memory_budget_mib", 0, 0),
         kernels=kernels,
     )
 

@@ -131,6 +131,9 @@ class GrpoDryRun(Schema):
     post_eval_suite_hash: str | None = None
     groups_with_reward_contrast: int
     groups_without_reward_contrast: int
+    # The largest step's memory estimate against the budget (training.memory_preflight); null when the
+    # model's shape cannot be read.
+    memory: dict | None = None
     message: str
 
 

@@ -43,6 +43,7 @@ from core.jobs.services import job_submit
 from core.model_weights import require_model_weights
 from training.base_adapter_shape import base_adapter_shape_problem
 from training.config_defaults import apply_training_defaults
+from training.memory_preflight import check_step_memory, memory_plan
 from training.payloads import GrpoJobPayload
 from training.selectors import checkpoint_manifest_sha256
 
@@ -357,6 +358,7 @@ class GrpoAdmission:
     effective: GrpoConfig
     seed: int
     resume_manifest_sha256: str | None = None  # the resumed checkpoint's manifest as admitted
+    memory: dict | None = None  # the largest step's memory against the budget (training.memory_preflight)
 
 
 def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmission:
@@ -404,9 +406,11 @@ def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmiss
     effective = config.with_seed(seed)
     if config.resume_checkpoint:
         _check_checkpoint_config(config.resume_checkpoint, effective)
+    memory = check_step_memory(corpus.groups, effective)  # 413 training_will_not_fit
     return GrpoAdmission(submission=submission, config_sources=config_sources, server_defaults=server_defaults,
                          corpus=corpus, provenance=provenance, suite_pin=suite_pin, output_name=output_name,
-                         effective=effective, seed=seed, resume_manifest_sha256=resume_manifest_sha256)
+                         effective=effective, seed=seed, resume_manifest_sha256=resume_manifest_sha256,
+                         memory=memory)
 
 
 def grpo_dry_run(*, body: dict) -> dict:
@@ -436,6 +440,8 @@ def grpo_dry_run(*, body: dict) -> dict:
         "groups_without_reward_contrast": len(groups) - with_contrast,
         "post_eval": admission.submission.post_eval.to_dict() if admission.submission.post_eval else None,
         "post_eval_suite_hash": admission.suite_pin and admission.suite_pin["suite_hash"],
+        # The largest step's memory estimate, against the budget when one is set (else budget_mib null).
+        "memory": admission.memory or memory_plan(groups, effective, None),
         "message": f"dry run: the request is valid; nothing was queued (it would publish {admission.output_name})",
     }
 

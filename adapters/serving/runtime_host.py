@@ -16,7 +16,7 @@ import uuid
 from django.conf import settings
 
 from core.errors import KilnError
-from core.jobs.worker_state import beat, set_worker_status
+from core.jobs.worker_state import beat, set_worker_status, set_worker_status_source
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,11 @@ class ModelHost:
                                      # oneDNN-packed projection weights on the CPU, or why not
                                      "packed_matmul": {"packed": self.sampler.packing_problem is None,
                                                        "reason": self.sampler.packing_problem}})
+            if self.loaded.device.type == "cuda":
+                from gpu_runtime.device_memory import AcceleratorMemory
+
+                # read at every beat: the training memory preflight's budget (training.memory_preflight)
+                set_worker_status_source("memory", AcceleratorMemory(self.loaded.device).read)
             log.info("model %s loaded on %s", self.loaded.served_model_id, self.loaded.device)
         finally:
             # The heartbeat first: GPU work waits on _ready, so once a job can run, /health already

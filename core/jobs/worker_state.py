@@ -27,6 +27,7 @@ ORPHAN_GRACE_SECONDS = 45
 _worker_id: str | None = None
 _worker_queues: list[str] = []
 _worker_status: dict = {}
+_status_sources: dict = {}  # name -> a callable read at every beat (set_worker_status_source)
 _stop = threading.Event()
 
 
@@ -42,23 +43,41 @@ def set_worker_status(**status) -> None:
     _worker_status.update(status)
 
 
+def set_worker_status_source(name: str, read) -> None:
+    """A fact read afresh at every beat (e.g. the accelerator's free memory): `read()` returns its
+    value; one that raises leaves the fact out of that beat."""
+    _status_sources[name] = read
+
+
+def _status_now() -> dict:
+    status = dict(_worker_status)
+    for name, read in list(_status_sources.items()):
+        try:
+            status[name] = read()
+        except Exception as exc:  # noqa: BLE001 - a fact that cannot be read now is absent, not fatal
+            log.warning("worker status %s unavailable: %s", name, exc)
+            status.pop(name, None)
+    return status
+
+
 def beat() -> None:
     from core.jobs.models import WorkerHeartbeat
 
     now = timezone.now()
+    status = _status_now()
     WorkerHeartbeat.objects.update_or_create(
         worker_id=current_worker_id(),
         defaults={
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "queues": _worker_queues,
-            "status": dict(_worker_status),
+            "status": status,
             "last_seen": now,
             "stopped": False,
         },
         create_defaults={
             "hostname": socket.gethostname(), "pid": os.getpid(), "queues": _worker_queues,
-            "status": dict(_worker_status), "started_at": now, "last_seen": now,
+            "status": status, "started_at": now, "last_seen": now,
         },
     )
 

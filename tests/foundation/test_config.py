@@ -110,3 +110,17 @@ def test_sampler_cohort_size_from_toml_then_environment(tmp_path, monkeypatch):
     assert load_config({"KILN_HOME": str(tmp_path)}).sampler_max_batch_size == 256
     config = load_config({"KILN_HOME": str(tmp_path), "KILN_SAMPLER_MAX_BATCH_SIZE": "64"})
     assert config.sampler_max_batch_size == 64 and config.public_dict()["sampler_max_batch_size"] == 64
+
+
+def test_the_training_memory_budget_from_toml_then_environment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_config({"KILN_HOME": str(tmp_path)}).training_memory_budget_mib == 0  # none: the GPU's
+    (tmp_path / "kiln.toml").write_text("[training]\nmemory_budget_mib = 24000\n")
+    assert load_config({"KILN_HOME": str(tmp_path)}).training_memory_budget_mib == 24000
+    config = load_config({"KILN_HOME": str(tmp_path), "KILN_TRAINING_MEMORY_BUDGET_MIB": "8000"})
+    assert config.training_memory_budget_mib == 8000 and config.public_dict()["training_memory_budget_mib"] == 8000
+    with pytest.raises(ConfigError, match="KILN_TRAINING_MEMORY_BUDGET_MIB"):
+        load_config({"KILN_HOME": str(tmp_path), "KILN_TRAINING_MEMORY_BUDGET_MIB": "-1"})
+    (tmp_path / "kiln.toml").write_text('[training]\nmemory_budget_mib = "lots"\n')
+    with pytest.raises(ConfigError, match="memory_budget_mib"):
+        load_config({"KILN_HOME": str(tmp_path)})

@@ -187,3 +187,21 @@ def test_a_delete_that_lost_the_race_answers_the_routes_own_not_found_code():
     with pytest.raises(KilnError) as info:
         services.job_delete(job=stale, not_found_code="training_job_not_found")
     assert (info.value.code, info.value.status) == ("training_job_not_found", 404)
+
+
+def test_a_status_source_is_read_at_every_beat_and_one_that_fails_is_left_out(monkeypatch):
+    from core.jobs import worker_state
+
+    monkeypatch.setattr(worker_state, "_status_sources", {})
+    monkeypatch.setattr(worker_state, "_worker_status", {"model": {"loaded": True}})
+    readings = iter([{"available_for_training_mib": 100.0}, {"available_for_training_mib": 60.0}])
+    worker_state.set_worker_status_source("memory", lambda: next(readings))
+    worker_state.beat()
+    row = WorkerHeartbeat.objects.get(worker_id=worker_state.current_worker_id())
+    assert row.status == {"model": {"loaded": True}, "memory": {"available_for_training_mib": 100.0}}
+    worker_state.beat()
+    row.refresh_from_db()
+    assert row.status["memory"] == {"available_for_training_mib": 60.0}
+    worker_state.beat()  # the source is exhausted (it raises): the fact is absent, the beat still lands
+    row.refresh_from_db()
+    assert row.status == {"model": {"loaded": True}}
