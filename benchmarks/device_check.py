@@ -14,7 +14,10 @@ repository; it builds the tiny model itself. Checks, in order:
   2. the sampler: grpo_step's round (16 completions x 32 tokens), tokens/s, and its behaviour
      log-probs against a transformers forward of the sampled sequences;
   3. a GRPO run (`train_grpo`, device auto) over groups the sampler produced: phase timings,
-     forward path, fallbacks, peak memory.
+     forward path, fallbacks, peak memory;
+  4. the training memory preflight's estimate (core.contracts.training_memory) against the memory
+     one policy forward and backward really takes on a random Qwen3 of hidden 1024 and a 151,936
+     vocabulary (on CUDA: the allocator's peak above what was allocated before; printed, not asserted).
 Exit status 1 when an equality check misses its tolerance; speed is printed, never asserted.
 """
 
@@ -158,6 +161,56 @@ def check_training(model_dir: Path, device_name: str, groups: list[dict]) -> dic
     }
 
 
+def check_memory_estimate(device: torch.device, dtype: torch.dtype) -> dict:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from core.contracts.training_memory import GroupTokens, ModelShape, estimate_step
+    from gpu_runtime import lean_decoder
+    from gpu_runtime.grpo.adapter_io import attach_lora
+    from gpu_runtime.kernels import selection
+
+    shape = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=4, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=64, vocab_size=151936, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**shape, max_position_embeddings=4096)).to(device=device, dtype=dtype)
+    model = attach_lora(model, rank=16, alpha=32)
+    for _, param in model.named_parameters():
+        if param.requires_grad:
+            param.data = param.data.float()
+    plan = lean_decoder.plan_for(model)
+    kernels = selection.choose(device)
+    head = None
+    if kernels.triton:
+        from gpu_runtime.kernels.lm_head import fused_lm_logprobs
+
+        head = fused_lm_logprobs
+    rows = []
+    # On the CPU (a dry run of this script) one small group: the large ones take minutes and ~12 GB there.
+    groups = ((64, 256, 8), (128, 512, 16)) if device.type == "cuda" else ((32, 64, 4),)
+    for prompt, completion, count in groups:
+        ids = torch.randint(5, 1000, (count, prompt + completion), device=device)
+        ids[:, :prompt] = ids[0, :prompt]
+        estimate = estimate_step(ModelShape.from_config(shape), GroupTokens(prompt, (completion,) * count),
+                                 lora_rank=16, device=device.type, fused_head=head is not None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        logprobs = lean_decoder.sequence_logprobs(plan, ids, prompt, prefix=prompt, head=head)
+        logprobs.sum().backward()
+        measured = None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            measured = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+        model.zero_grad(set_to_none=True)
+        # The estimate's adapter part holds the optimizer's moments too, which one backward does not make.
+        without_optimizer = (estimate.total_bytes - estimate.adapter_bytes // 2) / 2**20
+        rows.append({"group": f"{prompt} + {count} x {completion}", "estimate_mib": round(without_optimizer, 1),
+                     "measured_peak_mib": None if measured is None else round(measured, 1),
+                     "ratio": None if measured is None else round(without_optimizer / measured, 3)})
+    return {"kernels": kernels.to_record(), "rows": rows, "ok": True}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -189,6 +242,8 @@ def main(argv=None) -> int:
         report["sampler"], groups = check_sampler(model_dir, device, dtype)
         print("3. GRPO training...", flush=True)
         report["training"] = check_training(model_dir, args.device, groups)
+        print("4. training memory estimate...", flush=True)
+        report["memory_estimate"] = check_memory_estimate(device, dtype)
     report["ok"] = all(report[k]["ok"] for k in ("lean_forward", "sampler", "training"))
     text = json.dumps(report, indent=2)
     print(text)
