@@ -275,7 +275,18 @@ def _dry_run_text(plan: dict) -> str:
     return (f"dry run: valid; nothing queued. It would publish {plan.get('would_publish')} (effective seed "
             f"{plan.get('effective_seed')}) from {data.get('rows')} groups / {data.get('rollouts')} rollouts, "
             f"{plan.get('groups_with_reward_contrast')} with reward contrast "
-            f"({plan.get('groups_without_reward_contrast')} all-equal, dropped by dynamic sampling)")
+            f"({plan.get('groups_without_reward_contrast')} all-equal, dropped by dynamic sampling)"
+            + _memory_text(plan.get("memory")))
+
+
+def _memory_text(memory: dict | None) -> str:
+    """The largest step's memory estimate (training.memory_preflight), against the budget when one is set."""
+    if not memory:
+        return ""
+    largest = memory["largest_step"]
+    budget = (f" of a {memory['budget_mib']:g} MiB budget ({memory['budget_source']})" if memory.get("budget_mib")
+              else " (no budget set on this server: not checked)")
+    return f"; its largest step needs at least {largest['total_mib']:g} MiB beyond the model{budget}"
 
 
 def resume_request(detail: dict, checkpoint: str | None) -> tuple[str, dict]:

@@ -117,6 +117,18 @@ def test_dry_run_sends_the_flag_and_prints_the_plan_not_a_job(tmp_path, monkeypa
     assert sent[0]["dry_run"] is True
     out = capsys.readouterr().out
     assert out.startswith("dry run: valid; nothing queued. It would publish inl-3 (effective seed 7) from 1 groups")
+    assert "largest step" not in out  # a plan without a memory estimate says nothing of it
+
+
+def test_a_dry_run_prints_the_largest_steps_memory_and_its_budget():
+    from kiln_project.cli.train_cmd import _dry_run_text
+
+    plan = {"would_publish": "x", "training_data": {"rows": 1, "rollouts": 2},
+            "memory": {"largest_step": {"total_mib": 1234.5}, "budget_mib": None, "budget_source": None}}
+    assert _dry_run_text(plan).endswith("its largest step needs at least 1234.5 MiB beyond the model "
+                                        "(no budget set on this server: not checked)")
+    plan["memory"].update(budget_mib=8000.0, budget_source="[training] memory_budget_mib")
+    assert _dry_run_text(plan).endswith("1234.5 MiB beyond the model of a 8000 MiB budget ([training] memory_budget_mib)")
 
 
 def test_rollouts_with_provenance_get_a_note_that_the_command_does_not_use_it(tmp_path, capsys):
