@@ -474,3 +474,26 @@ def test_the_auto_load_line_says_what_decides_activation(operator_client, operat
     html = operator_client.get(f"/ui/jobs/{job.uuid}/").content.decode()
     line = html[html.index('id="training-auto-load">') + len('id="training-auto-load">'):]
     assert " ".join(unescape(line[:line.index("</dd>")]).split()) == said
+
+
+def test_a_step_that_cannot_fit_is_refused_on_the_page_with_the_estimate_and_the_knobs(
+    operator_client, settings, tmp_path
+):
+    """413 training_will_not_fit reaches the form as it reaches the API: the estimate against the
+    budget, what to turn down, and nothing queued."""
+    import dataclasses
+    import shutil
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936}))
+    shutil.copy(Path(__file__).resolve().parents[2] / "gpu_runtime/assets/kiln-tiny/tokenizer.json", model)
+    settings.KILN = dataclasses.replace(settings.KILN, model_path=model, training_memory_budget_mib=64)
+    response = operator_client.post("/ui/training/grpo/", _form(output_name="big-r001", jsonl_file=_jsonl(GROUP)))
+    assert response.status_code == 413
+    html = unescape(response.content.decode())
+    assert "<code>training_will_not_fit</code>" in html and "Nothing was queued." in html
+    assert "allows 64 MiB" in html and "grad_checkpoint_segments" in html
+    assert not Job.objects.exists() and not Adapter.objects.filter(name="big-r001").exists()
