@@ -48,9 +48,13 @@ GRPO_CONFIG = dataclass_schema(
                                             choices={"env_mask_mode": values.ENV_MASK_MODES}),
     },
 )
-POST_EVAL_CONFIG = dataclass_schema(
-    PostEvalConfig, title="PostEvalConfig", description="Held-out evaluation after training (the gate).",
-    choices={"data_scope": DATA_SCOPES})
+POST_EVAL_CONFIG = {
+    **dataclass_schema(PostEvalConfig, title="PostEvalConfig",
+                       description="Held-out evaluation after training (the gate). Unknown keys are refused "
+                                   "(400 training_invalid_request), unlike config's.",
+                       choices={"data_scope": DATA_SCOPES}),
+    "additionalProperties": False,
+}
 GROUP = {"title": "AgenticGroup", "type": "object", "additionalProperties": True,
          "required": ["messages", "completions"],
          "properties": {"messages": {"type": "array", "items": {"type": "object"}},
@@ -65,7 +69,7 @@ GRPO_REQUEST = {
     "properties": {
         "groups": {"type": "array", "items": GROUP},
         "dataset_path": {"type": "string", "description": "absolute path of a JSONL file of groups on the server"},
-        "dataset": {"type": "string"},
+        "dataset": {"type": "string", "minLength": 1, "description": "a registered grpo_groups dataset's name"},
         "dataset_split": {"type": "string"},
         "config": GRPO_CONFIG,
         "post_eval": {"anyOf": [POST_EVAL_CONFIG, {"type": "null"}]},

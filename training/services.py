@@ -151,7 +151,10 @@ def _read_named_dataset(name, split) -> tuple[AdmittedCorpus, dict]:
     from evaluations.dataset_selectors import dataset_get, dataset_partition
     from evaluations.datasets.split import PARTITIONS
 
-    dataset = dataset_get(name=name) if isinstance(name, str) else None
+    if not isinstance(name, str) or not name.strip():
+        raise _invalid("must be a dataset's name (a non-empty string)", "dataset",
+                       "list datasets with GET /v1/eval/datasets")
+    dataset = dataset_get(name=name)
     if dataset is None:
         raise KilnError("dataset_not_found", f"dataset: no dataset named {name!r}", status=404, field="dataset",
                         hint="list datasets with GET /v1/eval/datasets, or upload one with kiln eval datasets upload")

@@ -377,7 +377,7 @@ def resolve_effective_seed(config: GrpoConfig) -> int:
 # A resume must be the same run (spec §3.2): it compares effective configs without the fields that
 # only say how to run, not what to train. The GPU worker checks it (gpu_runtime.grpo.checkpoint) and
 # admission refuses the same request before it queues (training.services).
-CONFIG_KEYS_IGNORED_ON_RESUME = ("resume_checkpoint", "checkpoint_interval", "auto_load")
+CONFIG_KEYS_IGNORED_ON_RESUME = ("resume_checkpoint", "checkpoint_interval", "checkpoint_keep_last", "auto_load")
 
 
 def comparable_config(config_dict: dict) -> dict:

@@ -348,3 +348,31 @@ def test_a_dry_run_plans_and_queues_nothing(api, tmp_path):
     queued = _post(api, {**body, "dry_run": False})
     assert queued.status_code == 200 and "job_id" in queued.json()
     _error(_post(api, body), 409, "adapter_revision_conflict")  # the name is taken now
+
+
+@pytest.mark.parametrize("name", [5, ["mathds"], "", "   ", {"name": "x"}])
+def test_a_dataset_that_is_not_a_name_is_400_not_a_missing_dataset(api, name):
+    message = _error(_post(api, {"dataset": name, "config": {"output_name": "ds-r001"}}), 400)
+    assert message.startswith("dataset: must be a dataset's name")
+    assert not Job.objects.exists() and not Adapter.objects.filter(name="ds-r001").exists()
+
+
+def test_the_openapi_post_eval_schema_refuses_unknown_keys_as_the_server_does(api):
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("title") == "PostEvalConfig":
+                found.append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(api.get("/v1/openapi.json").json())
+    assert found and all(node["additionalProperties"] is False for node in found)
+    message = _error(_post(api, {"groups": [GROUP], "config": {"output_name": "pe-r001"},
+                                 "post_eval": {"suite": "s", "min_accurasy": 0.5}}), 400)
+    assert "min_accurasy" in message
+    assert not Job.objects.exists()

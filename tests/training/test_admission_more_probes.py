@@ -206,7 +206,8 @@ def test_a_resume_with_another_config_is_refused_before_it_queues(api, settings)
     assert error["code"] == "checkpoint_config_mismatch" and "kl_coeff: 0.3 -> 0.1" in error["message"]
     assert "kiln train resume" in error["hint"]
     assert not Job.objects.filter(kind="training.grpo").exists()
-    same = {**body, "config": {**body["config"], "kl_coeff": 0.3, "checkpoint_interval": 5}}  # how-to-run may differ
+    # How-to-run fields may differ (checkpoint_keep_last was refused while checkpoint_interval was not).
+    same = {**body, "config": {**body["config"], "kl_coeff": 0.3, "checkpoint_interval": 5, "checkpoint_keep_last": 1}}
     assert api.post("/v1/train/grpo", data=json.dumps(same), content_type="application/json").status_code == 200
 
 
