@@ -21,6 +21,8 @@ def add_parser(subparsers, common) -> None:
     grpo.add_argument("--checkpoint-interval", type=int)
     grpo.add_argument("--resume-checkpoint")
     grpo.add_argument("--no-shared-prefix-reference", action="store_true")
+    grpo.add_argument("--no-auto-load", action="store_true",
+                      help="config.auto_load false: publish the adapter without activating it for serving")
     grpo.add_argument("--adapter-smoke-test", action="store_true",
                       help="after training, generate from the new adapter and fail on non-finite output")
     grpo.add_argument("--adapter-smoke-prompts-file", type=Path,
@@ -105,6 +107,8 @@ def _with_config(body: dict, args) -> dict:
     config.update({k: v for k, v in overrides.items() if v is not None})
     if args.no_shared_prefix_reference:
         config["shared_prefix_reference"] = False
+    if getattr(args, "no_auto_load", False):
+        config["auto_load"] = False
     if getattr(args, "adapter_smoke_prompts_file", None) is not None:
         if not args.adapter_smoke_test:
             raise CliError("invalid_arguments", "--adapter-smoke-prompts-file needs --adapter-smoke-test")
@@ -209,8 +213,11 @@ def detail_lines(detail: dict) -> list[str]:
         step = checkpoint.get("global_step") or (checkpoint.get("progress") or {}).get("global_step")
         how = (f"kiln train resume --job-id {detail.get('job_id')}" if detail.get("replay_request") else
                f"the same request again (its groups, config and post_eval) with config.resume_checkpoint {name}")
+        # Only a run that did not finish can be resumed: a completed one published its adapter, and a
+        # resume into that name is refused (adapter_revision_conflict).
+        resumable = detail.get("state") == "failed"
         lines.append(f"{'checkpoint':14} {name}" + (f" (step {step})" if step is not None else "")
-                     + f"; resume with: {how}")
+                     + (f"; resume with: {how}" if resumable else ""))
     elif detail.get("checkpoint_error"):
         lines.append(f"{'checkpoint':14} none usable: {detail['checkpoint_error']}")
     for evidence in detail.get("post_eval_gate_evidence") or []:

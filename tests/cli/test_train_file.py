@@ -141,3 +141,27 @@ def test_rollouts_with_provenance_get_a_note_that_the_command_does_not_use_it(tm
     path.write_text(json.dumps(GROUP) + "\n")
     _submit_grpo(Client(), _args(path))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(("state", "offered"), [("failed", True), ("completed", False), ("running", False)])
+def test_status_offers_a_resume_only_for_a_run_that_did_not_finish(state, offered):
+    """A completed run's checkpoint was offered as a resume, which the server always refuses
+    (adapter_revision_conflict: the adapter is published)."""
+    from kiln_project.cli.train_cmd import detail_lines
+
+    detail = {"job_id": "j1", "state": state, "replay_request": {"route": "/v1/train/grpo", "body": {}},
+              "latest_checkpoint": {"resume_checkpoint": "a-checkpoint-step-00000005.kiln-checkpoint",
+                                    "global_step": 5}}
+    line = next(line for line in detail_lines(detail) if line.startswith("checkpoint"))
+    assert line.startswith("checkpoint     a-checkpoint-step-00000005.kiln-checkpoint (step 5)")
+    assert ("resume with: kiln train resume --job-id j1" in line) is offered
+
+
+def test_no_auto_load_publishes_without_activating(tmp_path):
+    from kiln_project.cli.train_cmd import _with_config
+
+    args = Namespace(adapter="a-r001", lora_rank=None, checkpoint_interval=None, resume_checkpoint=None,
+                     no_shared_prefix_reference=False, no_auto_load=True)
+    assert _with_config({"groups": [GROUP]}, args)["config"]["auto_load"] is False
+    args.no_auto_load = False
+    assert "auto_load" not in _with_config({"groups": [GROUP]}, args)["config"]
