@@ -42,9 +42,12 @@ GATE_FIELDS = ("min_mean_return", "min_mean_improvement")
 
 
 class RunRequestError(ValueError):
-    def __init__(self, field: str, message: str, hint: str = ""):
+    """`code`: the API code when one other than openenv_invalid_request is the route-wide rule (an
+    adapter name the preflight and the adapter routes refuse as invalid_adapter_name)."""
+
+    def __init__(self, field: str, message: str, hint: str = "", code: str = "openenv_invalid_request"):
         super().__init__(f"{field}: {message}")
-        self.field, self.message, self.hint = field, f"{field}: {message}", hint
+        self.field, self.message, self.hint, self.code = field, f"{field}: {message}", hint, code
 
 
 def _unknown(value: dict, allowed, where: str) -> None:
@@ -141,7 +144,8 @@ def _adapter(value: Any, field: str) -> str:
     if name is None:
         return "base"
     if not ADAPTER_NAME.match(name):
-        raise RunRequestError(field, f"{name[:80]!r} is not an adapter name")
+        raise RunRequestError(field, f"{name[:80]!r} is not an adapter name", code="invalid_adapter_name",
+                              hint="letters, digits, '.', '_' and '-', starting with a letter or digit")
     return name
 
 

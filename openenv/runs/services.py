@@ -205,7 +205,7 @@ def run_submit(*, request: dict, user=None, seal=None) -> tuple[OpenEnvRun, bool
 
 def _invalid(exc) -> KilnError:
     message = exc.message if exc.message.startswith("request: ") else f"request: {exc.message}"
-    return KilnError("openenv_invalid_request", message, status=400, field=exc.field,
+    return KilnError(getattr(exc, "code", "openenv_invalid_request"), message, status=400, field=exc.field,
                      hint=exc.hint or "see OpenEnvRunRequest in /v1/openapi.json")
 
 
@@ -219,8 +219,9 @@ def _server_checks(request_value: dict) -> None:
     _credentials(request_value["credential_ids"] or [None] * len(endpoints), endpoints, read_tokens=False)
     name = request_value["adapter"]
     if name != "base" and adapter_published_path(name=name) is None:
-        raise KilnError("openenv_invalid_request", f"request: adapter: no published adapter named {name!r}",
-                        status=400, field="adapter", hint="choose base or an adapter that finished training")
+        # The preflight's and the adapter routes' code (spec §1.6: preflight rejections keep their codes).
+        raise KilnError("adapter_not_found", f"request: adapter: no published adapter named {name!r}",
+                        status=404, field="adapter", hint="choose base or an adapter that finished training")
 
 
 def run_create(*, body: dict, user=None) -> tuple[OpenEnvRun, bool]:

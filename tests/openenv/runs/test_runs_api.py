@@ -145,8 +145,10 @@ def test_train_is_validated_then_preflighted(api, home, settings):
 def test_server_rules_remote_credentials_adapters_and_disabled(api, home, settings):
     error_of(post_run(api, rollout_body("http://10.1.2.3:8990")), 403, "openenv_remote_environment_refused")
     error_of(post_run(api, rollout_body(URL, credential_ids=["prod"])), 400, "openenv_credential_not_found")
-    error = error_of(post_run(api, rollout_body(URL, adapter="nope")), 400, "openenv_invalid_request")
+    # The preflight's and the adapter routes' codes, not openenv_invalid_request (spec §1.6).
+    error = error_of(post_run(api, rollout_body(URL, adapter="nope")), 404, "adapter_not_found")
     assert "no published adapter named 'nope'" in error["message"]
+    error_of(post_run(api, rollout_body(URL, adapter="../evil")), 400, "invalid_adapter_name")
     error_of(api.get("/v1/openenv/runs/not-a-uuid"), 404, "openenv_run_not_found")
     error_of(api.delete("/v1/openenv/runs/00000000-0000-0000-0000-000000000000"), 404, "openenv_run_not_found")
     from dataclasses import replace
