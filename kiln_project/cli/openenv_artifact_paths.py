@@ -27,6 +27,8 @@ def _summary_path(args) -> Path:
 # README's math-r001.rollouts.jsonl beside math-r001.summary.json).
 SUMMARY_SUFFIXES = (".rollout-summary.json", ".summary.json", ".json")
 DOWNLOAD_SUFFIXES = {"dataset": ".rollouts.jsonl", "replay": ".replay.json"}
+# `--output zs.jsonl --summary-output zs.summary.json`: the plain stem names the dataset too.
+OTHER_SUFFIXES = {"dataset": (".jsonl",)}
 
 
 def _stem(summary: Path) -> str | None:
@@ -54,9 +56,10 @@ def _beside(summary: Path, stored, what: str, flag: str) -> tuple[Path | None, s
     recorded = Path(stored)
     stem = _stem(summary)
     if stem is not None:  # the summary's own stem is the more specific match: it wins over a stray file
-        download = summary.parent / (stem + DOWNLOAD_SUFFIXES[what])
-        if download.is_file():
-            return download, None
+        for suffix in (DOWNLOAD_SUFFIXES[what], *OTHER_SUFFIXES.get(what, ())):
+            download = summary.parent / (stem + suffix)
+            if download.is_file():
+                return download, None
     neighbour = summary.parent / recorded.name
     if neighbour.is_file():
         return neighbour, None
@@ -72,22 +75,29 @@ def _beside(summary: Path, stored, what: str, flag: str) -> tuple[Path | None, s
 def artifact_paths(args) -> tuple[Path, Path | None, Path | None, list[str]]:
     """(summary, dataset, replay, notes) for verify and replay: the files given, else those beside the summary."""
     summary = _summary_path(args)
-    dataset, replay = _given(args.dataset, "dataset"), _given(args.replay, "replay")
-    notes = []
-    if dataset is None or replay is None:
+    given = {"dataset": _given(args.dataset, "dataset"), "replay": _given(args.replay, "replay")}
+    found, notes = dict(given), []
+    beside, elsewhere = [], {}  # found beside the summary / only at a recorded path away from it
+    if None in given.values():
         try:
             recorded = json.loads(summary.read_bytes())
         except (OSError, ValueError):
             recorded = None  # verify reports what is wrong with the summary
         if isinstance(recorded, dict):
             for what, key, flag in (("dataset", "output_path", "--dataset"), ("replay", "replay_output_path", "--replay")):
-                if (dataset if what == "dataset" else replay) is not None:
+                if given[what] is not None:
                     continue
-                path, note = _beside(summary, recorded.get(key), what, flag)
-                if what == "dataset":
-                    dataset = path
-                else:
-                    replay = path
+                found[what], note = _beside(summary, recorded.get(key), what, flag)
                 if note:
                     notes.append(note)
-    return summary, dataset, replay, notes
+                    elsewhere[what] = found[what]
+                elif found[what] is not None:
+                    beside.append(what)
+    if beside and elsewhere:
+        # One file of an archive beside the summary and the other from its recorded path (the server's
+        # copy) would check a pair that was never archived together.
+        missing, path = next(iter(elsewhere.items()))
+        raise CliError("file_not_found", f"the {beside[0]} is beside {summary} but the {missing} is not (only its "
+                       f"recorded copy is, at {path})",
+                       f"pass --{missing} FILE: the {missing} archived with this summary")
+    return summary, found["dataset"], found["replay"], notes

@@ -308,7 +308,7 @@ def _execute(ctx, run: OpenEnvRun) -> dict:
             _fail(run, wrapped.as_failure())
         _fail(run, unexpected_failure(error, STAGES.get(run.state, "orchestration")))
     _persist(run, execution.snapshot(), last)
-    return _publish(run, execution.bundle, directory)
+    return _publish(run, execution.bundle, directory, ctx)
 
 
 def _seal_behavior(run: OpenEnvRun, directory: Path) -> None:
@@ -330,7 +330,12 @@ def _seal_behavior(run: OpenEnvRun, directory: Path) -> None:
         services.run_transition(run, from_states=[RunState.DISCOVERING], behavior_snapshot=snapshot)
 
 
-def _publish(run: OpenEnvRun, bundle, directory: Path) -> dict:
+def _publish(run: OpenEnvRun, bundle, directory: Path, ctx) -> dict:
+    # A cancel that came after collection's last check still wins: it was answered 200 with
+    # cancel_requested, so the run must not go on to publish (or to train) as if it had not come.
+    run.refresh_from_db()
+    if run.cancel_requested or _stop_reason(ctx):
+        _end_stopped(run, _stop_reason(ctx) or "cancel", ctx)
     try:
         publish(bundle)
     except CollectionError as exc:
@@ -348,12 +353,14 @@ def _publish(run: OpenEnvRun, bundle, directory: Path) -> dict:
 
     groups = admit_jsonl(bundle.dataset).groups
     warning = invalid_action_warning(groups)
-    if not services.run_transition(run, from_states=COLLECTION_STATES,
+    if not services.run_transition(run, from_states=COLLECTION_STATES, unless_cancel_requested=True,
                                    state=RunState.SUBMITTING if train else RunState.ROLLOUT_READY,
                                    stage="training_submission" if train else "artifact_publication",
                                    artifacts=artifacts, progress=progress, environments=environments,
                                    rollout_stats=summary["stats"],
                                    warnings=list(run.warnings or []) + ([warning] if warning else [])):
+        if run.cancel_requested and run.state in COLLECTION_STATES:  # asked for while the files were written
+            _end_stopped(run, "cancel", ctx)
         raise KilnError("openenv_run_state_changed", f"run {run.id} became {run.state} during publication")
     if train:
         from openenv.training.submission import submit_training

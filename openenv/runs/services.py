@@ -290,8 +290,9 @@ def runs_admit() -> list[OpenEnvRun]:
 
 # --- transitions -------------------------------------------------------------------------------
 
-def run_transition(run: OpenEnvRun, *, from_states, **fields) -> bool:
-    """Move the run (conditional on its state), refresh it and rewrite its record."""
+def run_transition(run: OpenEnvRun, *, from_states, unless_cancel_requested: bool = False, **fields) -> bool:
+    """Move the run (conditional on its state, and with `unless_cancel_requested` on no cancel having
+    been asked for), refresh it and rewrite its record."""
     fields["updated_at"] = timezone.now()
     if fields.get("failure") is not None:  # every stored failure: the closed vocabulary, a hint
         fields["failure"] = checked_failure(fields["failure"])
@@ -306,7 +307,10 @@ def run_transition(run: OpenEnvRun, *, from_states, **fields) -> bool:
 
     def update() -> bool:
         with transaction.atomic():
-            if not OpenEnvRun.objects.filter(id=run.id, state__in=list(from_states)).update(**fields):
+            rows = OpenEnvRun.objects.filter(id=run.id, state__in=list(from_states))
+            if unless_cancel_requested:
+                rows = rows.filter(cancel_requested=False)
+            if not rows.update(**fields):
                 return False
             run.refresh_from_db()
             run_record_write(run)

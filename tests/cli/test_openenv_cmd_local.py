@@ -5,6 +5,7 @@ saying plainly when it checked the recorded (server's) copies instead."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 
@@ -202,3 +203,36 @@ def test_tasks_text_shows_non_ascii_as_it_is_and_control_characters_never(capsys
     _catalog(monkeypatch, start=0, tasks=[{"word": "über", "note": "a\x1b[2Jb"}])
     code, out, _ = _run(capsys, "openenv", "tasks", "http://127.0.0.1:9", "--split", "train")
     assert code == 0 and '"word": "über"' in out and "\\u00fc" not in out and "\x1b" not in out
+
+
+def test_an_archive_beside_the_summary_is_never_mixed_with_the_servers_copy(tmp_path):
+    """`--output zs.jsonl --replay-output zs.replay.json --summary-output zs.summary.json`, archived:
+    the dataset is found by the plain stem; with it missing, the server's copy is not checked
+    against the archived replay (a tampered archive passed that way)."""
+    from argparse import Namespace
+
+    from kiln_project.cli.client import CliError
+    from kiln_project.cli.openenv_artifact_paths import artifact_paths
+
+    server = tmp_path / "home" / "adapters" / ".openenv" / "runs" / "r1"
+    server.mkdir(parents=True)
+    (server / "rollouts.jsonl").write_text("{}\n")
+    (server / "replay.json").write_text("{}")
+    archive = tmp_path / "arch"
+    archive.mkdir()
+    summary = archive / "zs.summary.json"
+    summary.write_text(json.dumps({"output_path": str(server / "rollouts.jsonl"),
+                                   "replay_output_path": str(server / "replay.json")}))
+    (archive / "zs.replay.json").write_text("{}")
+    (archive / "zs.jsonl").write_text("{}\n")
+    args = Namespace(summary=summary, summary_file=None, dataset=None, replay=None)
+    assert artifact_paths(args) == (summary, archive / "zs.jsonl", archive / "zs.replay.json", [])
+    (archive / "zs.jsonl").unlink()
+    with pytest.raises(CliError) as refused:
+        artifact_paths(args)
+    assert refused.value.code == "file_not_found"
+    assert "the replay is beside" in refused.value.message and str(server / "rollouts.jsonl") in refused.value.message
+    assert refused.value.hint.startswith("pass --dataset FILE")
+    (archive / "zs.replay.json").unlink()  # nothing archived: the recorded copies, with notes
+    _, dataset, replay, notes = artifact_paths(args)
+    assert (dataset, replay) == (server / "rollouts.jsonl", server / "replay.json") and len(notes) == 2

@@ -240,3 +240,26 @@ def test_a_change_between_the_runs_discovery_and_its_episodes_fails_it(api, home
     assert failed["failure"]["code"] == "environment_identity_changed", failed["failure"]
     assert failed["failure"]["stage"] == "identity_verification" and "metadata" in failed["failure"]["message"]
     assert failed["artifacts"] == [] and server.sessions == 2  # its episodes ran, then nothing was published
+
+
+@pytest.mark.django_db
+def test_a_cancel_answered_while_the_files_are_published_still_wins(api, home, counter, policies, monkeypatch):
+    """A DELETE that lands after collection's last check (the QA soak's run answered 200
+    cancel_requested, then ended rollout_ready with its artifacts): the run ends cancelled instead."""
+    from openenv.runs import jobs
+
+    policies.policy_type = FakeCounterPolicy
+    run_id = post_run(api, rollout_body(counter.url)).json()["run_id"]
+    real_publish, answers = jobs.publish, []
+
+    def publish_then_cancel(bundle):
+        real_publish(bundle)
+        answers.append(api.delete(f"/v1/openenv/runs/{run_id}"))
+
+    monkeypatch.setattr(jobs, "publish", publish_then_cancel)
+    run_queued_jobs("control")
+    assert answers and answers[0].status_code == 200 and answers[0].json()["cancel_requested"] is True
+    final = status(api, run_id)
+    assert final["state"] == "cancelled" and final["artifacts"] == [], final
+    assert Job.objects.get(uuid=final["job_id"]).state == "cancelled"
+    error_of(api.get(f"/v1/openenv/runs/{run_id}/artifacts/dataset"), 404, "openenv_artifact_not_ready")
