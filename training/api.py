@@ -15,6 +15,7 @@ from core.jobs import services as job_services
 from core.jobs.models import TERMINAL_STATES
 from training import selectors
 from training.payloads import GrpoJobPayload
+from training.post_eval_admission import gate_warnings
 from training.schemas import (
     GrpoDryRun,
     GrpoQueued,
@@ -41,7 +42,8 @@ def _submit(request, data: dict, route: str) -> dict:
     ignored = list(payload.ignored_config_keys)  # accepted and ignored (spec §3), but never silently
     return {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
             "message": f"GRPO training queued; it will publish adapter {payload.adapter_name}",
-            "ignored_config_keys": ignored, "warnings": ignored_key_warnings(ignored)}
+            "ignored_config_keys": ignored,
+            "warnings": ignored_key_warnings(ignored) + gate_warnings(payload.post_eval)}
 
 
 @router.post("/train/grpo", summary="Queue GRPO training from scored groups", response=GrpoQueued | GrpoDryRun)

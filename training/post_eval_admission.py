@@ -23,6 +23,7 @@ from pathlib import Path
 from core.contracts.grpo_submission import PostEvalConfig
 from core.errors import KilnError
 from evaluations.eval_payloads import PayloadError, parse_generation
+from evaluations.gate import MIN_PAIRED_EXAMPLES
 from evaluations.overlap import find_overlaps
 from evaluations.suite_selectors import suite_document, suite_get
 
@@ -61,6 +62,22 @@ def check_post_eval(post_eval: PostEvalConfig, rows: list[dict]) -> dict:
                             hint="evaluate on held-out rows (a dataset's holdout partition), or use "
                                  "data_scope train-set-eval for a diagnostic without a gate")
     return {"suite": suite.name, "suite_hash": suite.suite_hash}
+
+
+def gate_warnings(post_eval: PostEvalConfig | None) -> list[str]:
+    """What a submitter should know before a held-out gate runs: a suite too small for the gate to
+    decide (it can only end inconclusive, and the adapter is kept, never promoted)."""
+    if post_eval is None or post_eval.data_scope != "held-out":
+        return []
+    suite = suite_get(name=post_eval.suite)
+    if suite is None:
+        return []
+    count = len(suite_document(suite=suite)["examples"])
+    if count >= MIN_PAIRED_EXAMPLES:
+        return []
+    return [f"post_eval.suite {suite.name!r} has {count} example{'s' if count != 1 else ''}; the held-out gate "
+            f"needs at least {MIN_PAIRED_EXAMPLES} paired examples to decide, so it will end inconclusive and the "
+            "adapter will be kept, not promoted"]
 
 
 def check_post_eval_generation(post_eval: PostEvalConfig, *, suite_hash: str) -> None:

@@ -115,7 +115,7 @@ class GrpoQueued(Schema):
     effective_seed: str
     message: str
     ignored_config_keys: list[str] = []  # config keys that are no GrpoConfig field (accepted and ignored)
-    warnings: list[str] = []  # one per ignored key, with its closest field name
+    warnings: list[str] = []  # one per ignored key (with its closest field name); a gate too small to decide
 
 
 class GrpoDryRun(Schema):

@@ -45,6 +45,7 @@ from training.base_adapter_shape import base_adapter_shape_problem
 from training.config_defaults import apply_training_defaults
 from training.memory_preflight import check_step_memory, memory_plan
 from training.payloads import GrpoJobPayload
+from training.post_eval_admission import gate_warnings
 from training.selectors import checkpoint_manifest_sha256
 
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
@@ -436,7 +437,7 @@ def grpo_dry_run(*, body: dict) -> dict:
         "effective_seed": str(admission.seed), "effective_config": effective.to_dict(),
         "config_sources": admission.config_sources,
         "ignored_config_keys": sorted(effective.ignored_keys),
-        "warnings": ignored_key_warnings(sorted(effective.ignored_keys)),
+        "warnings": ignored_key_warnings(sorted(effective.ignored_keys)) + gate_warnings(admission.submission.post_eval),
         "training_data": {**admission.provenance, "admitted_corpus_sha256": admission.corpus.sha256,
                           "rows": len(groups), "rollouts": admission.corpus.rollouts},
         "groups_with_reward_contrast": with_contrast,

@@ -154,3 +154,20 @@ def test_a_dataset_holdout_suite_admits_its_train_partition_and_refuses_the_hold
                         "post_eval": {"suite": "math-holdout", "data_scope": "train-set-eval"}})
     assert diag.status_code == 200, diag.content
     assert Job.objects.count() == 2
+
+
+def test_a_gate_too_small_to_decide_is_queued_with_a_warning(api, home):
+    """A held-out suite under the gate's 20 paired examples can only end inconclusive: the submitter is
+    told at submission (queued and dry run), not after training."""
+    _suite("tiny-holdout", [_example(1, "What is 100 + 100?")])
+    body = {"groups": [group(1), group(2)], "config": {"output_name": "g-r001"},
+            "post_eval": {"suite": "tiny-holdout", "min_accuracy": 0.5}}
+    plan = _train(api, {**body, "dry_run": True}).json()
+    queued = _train(api, body).json()
+    for answer in (plan, queued):
+        assert [w for w in answer["warnings"] if "tiny-holdout" in w] == [
+            "post_eval.suite 'tiny-holdout' has 1 example; the held-out gate needs at least 20 paired examples to "
+            "decide, so it will end inconclusive and the adapter will be kept, not promoted"]
+    _suite("big-holdout", [_example(i, f"What is {i} + {i}?") for i in range(100, 120)])
+    queued = _train(api, {**body, "config": {"output_name": "g-r002"}, "post_eval": {"suite": "big-holdout"}}).json()
+    assert queued["warnings"] == []
