@@ -184,8 +184,11 @@ def detail_lines(detail: dict) -> list[str]:
         lines.append(f"{'training':14} {training.get('state')}{_when(training.get('at'))}")
     if states.get("evaluation"):
         outcome = f" ({evaluation['outcome']})" if evaluation.get("outcome") else ""
+        eval_job = (f", eval job {evaluation['eval_job_id']} (kiln eval status ID)" if evaluation.get("eval_job_id")
+                    else "")
         lines.append(f"{'evaluation':14} {evaluation.get('state')}{outcome}{_when(evaluation.get('at'))}, "
-                     f"job {evaluation.get('job_id')}" + (f": {evaluation['reason']}" if evaluation.get("reason") else ""))
+                     f"post-eval job {evaluation.get('job_id')}{eval_job}"
+                     + (f": {evaluation['reason']}" if evaluation.get("reason") else ""))
     elif training and detail.get("post_eval"):
         lines.append(f"{'evaluation':14} not started (post_eval on suite {detail['post_eval'].get('suite')!r} "
                      "runs once the adapter publishes)")

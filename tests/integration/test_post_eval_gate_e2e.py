@@ -136,10 +136,13 @@ def test_the_gate_promotes_a_good_round_and_holds_back_a_broken_one(loop):
     states = good["states"]
     assert states["training"]["state"] == "completed" and states["training"]["at"]
     assert states["evaluation"]["outcome"] == "promoted" and states["evaluation"]["at"] >= states["training"]["at"]
+    # its eval_job_id is the evaluation the eval routes know (job_id is the post-eval job, at /v1/jobs)
+    assert states["evaluation"]["eval_job_id"] == evidence["eval_job_id"] != states["evaluation"]["job_id"]
     assert states["activation"]["active"] is True and states["activation"]["at"]
     assert _adapter(api, "sums-good")["loaded"] is True
     shown = stack.kiln("train", "status", "--job-id", good["job_id"], "--url", stack.url, env={"KILN_API_TOKEN": token})
     assert "gate_outcome   promoted" in shown.stdout, shown.stdout
+    assert f"eval job {evidence['eval_job_id']} (kiln eval status ID)" in shown.stdout, shown.stdout
     eval_job = api.get(f"/v1/eval/jobs/{evidence['eval_job_id']}").json()
     assert eval_job["state"] == "completed" and eval_job["suite_hash"] == evidence["suite_hash"]
 

@@ -110,6 +110,7 @@ def test_training_detail_reads_the_gate_from_its_post_eval_job(home, django_capt
     detail = training_detail(training)
     assert detail["gate_outcome"] == "error" and detail["post_eval_gate_evidence"][0]["outcome"] == "error"
     assert detail["states"]["evaluation"]["outcome"] == "error"
+    assert detail["states"]["evaluation"]["eval_job_id"] is None  # the gate erred before it queued an evaluation
     assert detail["states"]["activation"] == {"active": False, "at": None, "deactivated_at": None, "demoted_to": None, "quarantined": False,
                                               "error": None, "activation_job_id": None, "promotion_id": None}
 
