@@ -165,8 +165,9 @@ def estimate_step(shape: ModelShape, group: GroupTokens, *, lora_rank: int, targ
                   optimizer: str = "adam_w") -> StepMemory:
     """The memory one step over `group` needs beyond the resident model (see the module docstring).
     `device`: "cpu" (float32 activations) or an accelerator ("cuda": bfloat16)."""
-    # float32 weight and gradient, plus AdamW's two moments (SGD keeps one momentum buffer at most)
-    per_parameter = 16 if optimizer == "adam_w" else 12
+    # float32 weight and gradient, plus AdamW's two moments or Muon's momentum (SGD's, when it has one,
+    # is left out: a floor)
+    per_parameter = {"adam_w": 16, "muon": 12}.get(optimizer, 8)
     adapter = shape.lora_parameters(lora_rank, target_modules) * per_parameter
     elements = saved_activation_elements(shape, group, lora_rank=lora_rank, target_modules=target_modules,
                                          device=device)

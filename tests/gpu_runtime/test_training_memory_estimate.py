@@ -99,7 +99,8 @@ def test_the_adapter_part_counts_the_lora_weights_the_trainer_attaches():
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert shape.lora_parameters(16) == trainable
     assert estimate_step(shape, GroupTokens(4, (4,)), lora_rank=16).adapter_bytes == 16 * trainable
-    assert estimate_step(shape, GroupTokens(4, (4,)), lora_rank=16, optimizer="sgd").adapter_bytes == 12 * trainable
+    assert estimate_step(shape, GroupTokens(4, (4,)), lora_rank=16, optimizer="muon").adapter_bytes == 12 * trainable
+    assert estimate_step(shape, GroupTokens(4, (4,)), lora_rank=16, optimizer="sgd").adapter_bytes == 8 * trainable
 
 
 def test_the_estimate_uses_the_trainers_own_budgets():
