@@ -236,10 +236,12 @@ def test_train_status_prints_the_gates_evidence():
                 "exact_sign_test_p_value": 0.0107, "eval_job_id": "e1"}
     detail = {"job_id": "j1", "state": "completed", "gate_outcome": "promoted", "post_eval_gate_evidence": [evidence],
               "states": {"training": {"state": "completed", "at": "T1"},
-                         "evaluation": {"job_id": "e1", "state": "completed", "outcome": "promoted", "at": "T2"},
+                         "evaluation": {"job_id": "p1", "eval_job_id": "e1", "state": "completed",
+                                        "outcome": "promoted", "at": "T2"},
                          "activation": {"active": True, "at": "T3", "activation_job_id": None, "promotion_id": None}}}
     lines = detail_lines(detail)
-    assert "evaluation     completed (promoted) at T2, job e1" in lines and "activation     active at T3" in lines
+    assert ("evaluation     completed (promoted) at T2, post-eval job p1, eval job e1 (kiln eval status ID)"
+            in lines) and "activation     active at T3" in lines
     assert ("evidence       promoted: accuracy 0.25 (base) -> 0.75 (minimum 0.5), improved 9 regressed 1 tied 10 "
             "of 20, p 0.0107, eval job e1") in lines
     # Before the post-eval starts, a run with post_eval says so; a gate that ended `error` says why.
@@ -250,7 +252,7 @@ def test_train_status_prints_the_gates_evidence():
     errored = {**detail, "states": {**detail["states"], "evaluation": {
         "job_id": "e2", "state": "completed", "outcome": "error", "at": "T4",
         "reason": "the evaluation could not be queued: inference_disabled_by_profile"}}}
-    assert ("evaluation     completed (error) at T4, job e2: the evaluation could not be queued: "
+    assert ("evaluation     completed (error) at T4, post-eval job e2: the evaluation could not be queued: "
             "inference_disabled_by_profile") in detail_lines(errored)
     # A run with a published checkpoint names it and the command that resumes from it.
     stopped = {"job_id": "j3", "state": "failed", "adapter_name": "math-r001",
