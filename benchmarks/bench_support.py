@@ -17,10 +17,13 @@ import resource
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+from core.contracts.training_memory import ModelShape  # noqa: E402 - after the path is set
 
 # The larger model of the issue: a random-weight Qwen3 with the tiny model's tokenizer and vocabulary.
 Q25M_SHAPE = {
@@ -109,38 +112,22 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-@dataclass(frozen=True)
-class Shape:
-    """What the FLOP model needs of a Qwen3-style config."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
+class Shape(ModelShape):
+    """What the FLOP model needs of a Qwen3-style config (the shape the memory preflight reads too)."""
 
     @classmethod
     def of(cls, model_dir: Path) -> Shape:
-        c = json.loads((Path(model_dir) / "config.json").read_text())
-        return cls(
-            c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
-            c["num_key_value_heads"], c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-            c["vocab_size"],
-        )
+        return cls.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
 
     def dense_params(self) -> int:
         """Matmul weights of the decoder layers (q, k, v, o, gate, up, down), LM head excluded."""
-        q = self.heads * self.head_dim
-        kv = self.kv_heads * self.head_dim
+        q, kv = self.query_width, self.kv_width
         per_layer = self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate
         return self.layers * per_layer
 
     def lora_params(self, rank: int) -> int:
-        q = self.heads * self.head_dim
-        kv = self.kv_heads * self.head_dim
-        return self.layers * rank * ((self.hidden + q) * 2 + (self.hidden + kv) * 2)
+        """LoRA on q, k, v and o (the trainer's default targets)."""
+        return self.lora_parameters(rank)
 
     def total_params(self) -> int:
         return self.dense_params() + self.vocab * self.hidden  # tied embeddings / LM head
