@@ -119,6 +119,10 @@ def _request_body(values: dict, files) -> dict:
     for name in INT_FIELDS:
         if values[name].strip():
             config[name] = form_number(values[name].strip(), int)
+    if values["lora_rank"].strip() and "lora_alpha" not in config and isinstance(config.get("lora_rank"), int):
+        # The default alpha/rank ratio (2), as `kiln train grpo --lora-rank` keeps it: the default alpha
+        # (32) over a rank below 16 passes the LoRA scale limit and was refused (unsafe_lora_scale).
+        config["lora_alpha"] = 2 * config["lora_rank"]
     for name in FLOAT_FIELDS:
         if values[name].strip():
             config[name] = form_number(values[name].strip(), float)

@@ -52,6 +52,16 @@ class _AuthenticatedConsumer(WebsocketConsumer):
     def receive(self, text_data=None, bytes_data=None):
         """These sockets only push; anything the browser sends is ignored."""
 
+    def send(self, text_data=None, bytes_data=None, close=False):
+        """A push to a socket the browser closed meanwhile (its page moved on between the change and
+        this update) is dropped: daphne raises it back here, and logged it as an application error.
+        The disconnect that follows leaves the groups."""
+        try:
+            super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        except RuntimeError as exc:  # autobahn's Disconnected
+            if "closed protocol" not in str(exc):
+                raise
+
     def session_ended(self, message):
         """The session logged out (kiln_project/ui/sessions.py): nothing more goes to this socket."""
         for group in self.groups_to_join:

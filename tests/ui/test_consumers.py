@@ -180,3 +180,24 @@ def test_a_page_on_another_site_cannot_open_a_live_socket_with_the_users_session
     assert async_to_sync(connect)(b"http://127.0.0.1.evil.example") is False
     assert async_to_sync(connect)(b"http://127.0.0.1:8420") is True  # the dashboard itself
     assert async_to_sync(connect)(b"https://kiln.internal", host=b"kiln.internal") is True  # behind a proxy
+
+
+def test_a_push_to_a_socket_the_browser_closed_meanwhile_is_dropped_not_raised():
+    """daphne raised "Attempt to send on a closed protocol" back into send_snapshot when a job page
+    navigated away between a change and its update, and logged a traceback for it."""
+    from kiln_project.ui.consumers import JobDetailConsumer
+
+    consumer = JobDetailConsumer()
+
+    def closed(message):  # the sync wrapper the consumer's __call__ installs raises it like this
+        raise RuntimeError("Attempt to send on a closed protocol")
+
+    consumer.base_send = closed
+    consumer.send(text_data="<div></div>")  # dropped
+
+    def broken(message):
+        raise RuntimeError("something else")
+
+    consumer.base_send = broken
+    with pytest.raises(RuntimeError, match="something else"):
+        consumer.send(text_data="<div></div>")

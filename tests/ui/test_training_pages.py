@@ -497,3 +497,31 @@ def test_a_step_that_cannot_fit_is_refused_on_the_page_with_the_estimate_and_the
     assert "<code>training_will_not_fit</code>" in html and "Nothing was queued." in html
     assert "allows 64 MiB" in html and "grad_checkpoint_segments" in html
     assert not Job.objects.exists() and not Adapter.objects.filter(name="big-r001").exists()
+
+
+def test_a_small_lora_rank_keeps_the_default_alpha_ratio(operator_client):
+    """Rank 8 from the form was refused unsafe_lora_scale (the default alpha 32 over 8); the form keeps
+    alpha at twice the rank, as the CLI's --lora-rank does, unless the advanced JSON sets it."""
+    response = operator_client.post("/ui/training/grpo/", _form(output_name="r8-r001", lora_rank="8",
+                                                                jsonl_file=_jsonl(GROUP)))
+    assert response.status_code == 302, unescape(response.content.decode())[:2000]
+    config = Job.objects.get().payload["config"]
+    assert (config["lora_rank"], config["lora_alpha"]) == (8, 16)
+    response = operator_client.post("/ui/training/grpo/", _form(output_name="r8-r002", lora_rank="8",
+                                                                advanced_config='{"lora_alpha": 8}',
+                                                                jsonl_file=_jsonl(GROUP)))
+    assert response.status_code == 302
+    assert Job.objects.get(payload__config__output_name="r8-r002").payload["config"]["lora_alpha"] == 8
+
+
+def test_the_job_page_says_what_the_queued_answer_warned_of(operator_client):
+    """A misspelt advanced key was accepted and ignored with no word on the page the form lands on."""
+    response = operator_client.post("/ui/training/grpo/", _form(output_name="typo-r001",
+                                                                advanced_config='{"lerning_rate": 0.1}',
+                                                                jsonl_file=_jsonl(GROUP)))
+    assert response.status_code == 302
+    page = unescape(operator_client.get(response["Location"]).content.decode())
+    assert 'id="training-warnings"' in page
+    assert "config.lerning_rate is not a GRPO config field and was ignored (did you mean learning_rate?)" in page
+    clean = operator_client.post("/ui/training/grpo/", _form(output_name="clean-r001", jsonl_file=_jsonl(GROUP)))
+    assert 'id="training-warnings"' not in operator_client.get(clean["Location"]).content.decode()
