@@ -94,6 +94,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "kiln_project.ui.form_actions.FormActionGetMiddleware",  # a reloaded form action: back to its page
     "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login
 ]
 

@@ -354,7 +354,10 @@ def test_deleting_a_dataset_needs_the_confirm_box(operator_client, operator, hom
     refused = operator_client.post("/ui/evaluations/datasets/math/delete/", {})
     assert refused.status_code == 400 and 'id="delete-error"' in _html(refused)
     assert EvalDataset.objects.count() == 1 and Path(dataset.path).is_dir()
-    assert operator_client.get("/ui/evaluations/datasets/math/delete/").status_code == 405
+    # a GET of the form's address (a reload after an error) goes back to the dataset's page; nothing is deleted
+    back = operator_client.get("/ui/evaluations/datasets/math/delete/")
+    assert (back.status_code, back["Location"]) == (302, "/ui/evaluations/datasets/math/")
+    assert EvalDataset.objects.count() == 1
     deleted = operator_client.post("/ui/evaluations/datasets/math/delete/", {"confirm": "on"})
     assert deleted.status_code == 302 and deleted["Location"] == "/ui/evaluations/datasets/"
     assert EvalDataset.objects.count() == 0 and not Path(dataset.path).exists()
