@@ -83,6 +83,9 @@ INSTALLED_APPS = [
     "openenv",
 ]
 
+# A dashboard form with a failed CSRF token gets the dashboard's page (kiln_project/ui/views.py).
+CSRF_FAILURE_VIEW = "kiln_project.ui.views.csrf_failure"
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -57,3 +57,4 @@ urlpatterns = [
 
 # A body over KILN_MAX_REQUEST_BYTES on a dashboard form: Kiln's page with request_too_large, not Django's bare 400.
 handler400 = "kiln_project.ui.views.bad_request"
+handler404 = "kiln_project.ui.views.not_found"

@@ -153,3 +153,29 @@ def bad_request(request, exception=None):
         status=413)
     back = request.path if request.path.startswith("/ui/") else ""
     return render(request, "ui/request_error.html", {"error": error, "back": back}, status=413)
+
+
+def not_found(request, exception=None):
+    """handler404: a /ui/ address with no page (an unknown adapter, job or promotion) gets the dashboard's
+    page, with its navigation, instead of Django's bare "Not Found"; other paths keep Django's (the /v1/
+    routes answer their own envelope)."""
+    if not request.path.startswith("/ui/"):
+        return defaults.page_not_found(request, exception)
+    error = KilnError("not_found", f"there is no page at {request.path}", status=404,
+                      hint="it may have been deleted; the navigation above lists what there is")
+    return render(request, "ui/request_error.html", {"error": error, "back": "", "title": "Not found"}, status=404)
+
+
+def csrf_failure(request, reason=""):
+    """CSRF_FAILURE_VIEW: a dashboard form sent without a valid token (a page left open past its
+    session, or a post from another site) is refused on the dashboard's page, saying what to do."""
+    if not request.path.startswith("/ui/"):
+        from django.views.csrf import csrf_failure as django_csrf_failure
+
+        return django_csrf_failure(request, reason)
+    error = KilnError("csrf_failed", f"the form was refused: its security token did not check ({reason})",
+                      status=403, hint="reload the page and send the form again; a form from another site is never "
+                                       "accepted")
+    back = request.path
+    return render(request, "ui/request_error.html", {"error": error, "back": back, "title": "Form refused"},
+                  status=403)

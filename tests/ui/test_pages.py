@@ -235,3 +235,24 @@ def test_overview_shows_what_the_metrics_counted(operator_client):
     assert '<span class="badge">2 rejected</span>' in html and '<span class="badge">1 promoted</span>' in html
     assert "4 runs accepted" in html and "(1 retry answered from the idempotency key)" in html
     assert "32 episodes published" in html and "0 failed runs" in html and "none yet" not in html
+
+
+def test_a_missing_page_and_a_refused_form_are_dashboard_pages(operator_client, operator, client):
+    """Django's bare "Not Found" and "Forbidden (403) CSRF verification failed" pages had no navigation
+    and no word on what to do."""
+    from django.test import Client
+
+    for url in ("/ui/adapters/no-such-adapter/", "/ui/promotions/999999/", "/ui/no-such-page/"):
+        response = operator_client.get(url)
+        html = response.content.decode()
+        assert response.status_code == 404, url
+        assert "<h1>Not found</h1>" in html and '<code id="request-error-code">not_found</code>' in html, url
+        assert 'href="/ui/jobs/"' in html  # the navigation is there
+    assert client.get("/ui/no-such-page/").status_code == 404  # anonymous too, without a traceback
+    assert client.get("/v1/no-such-route").json()["error"]["code"] == "not_found"  # the API keeps its envelope
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(operator)
+    refused = strict.post("/ui/evaluations/datasets/math/delete/", {"confirm": "on"})
+    html = refused.content.decode()
+    assert refused.status_code == 403 and "<h1>Form refused</h1>" in html
+    assert '<code id="request-error-code">csrf_failed</code>' in html and "reload the page" in html
