@@ -256,3 +256,9 @@ def test_a_missing_page_and_a_refused_form_are_dashboard_pages(operator_client, 
     html = refused.content.decode()
     assert refused.status_code == 403 and "<h1>Form refused</h1>" in html
     assert '<code id="request-error-code">csrf_failed</code>' in html and "reload the page" in html
+
+
+def test_the_first_tab_stop_skips_the_navigation(operator_client):
+    html = operator_client.get("/ui/").content.decode()
+    assert html.index('class="skip-link" href="#content"') < html.index('class="topbar"')
+    assert '<main class="content" id="content" tabindex="-1">' in html
