@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from adapters.models import Adapter, AdapterState, Promotion, PromotionState
 from adapters.promotion_evidence import promotion_alarms, promotion_evidence, reward_trend  # noqa: F401 (re-exported)
+from core.accounts.permissions import APPROVE_PROMOTION, approval_required  # noqa: F401 (re-exported)
 from core.canonical import json_digest
 from core.db_locks import REGISTRY, serialize
 from core.errors import KilnError
@@ -39,20 +40,10 @@ from core.receipts import receipt_record
 
 PROMOTION_SCHEMA = "kiln.promotion.v1"
 APPROVAL_SCHEMA = "kiln.promotion-approval.v1"
-APPROVE_PERMISSION = "jobs.approve_promotion"
+APPROVE_PERMISSION = APPROVE_PROMOTION
 
 
 # -- policy ----------------------------------------------------------------------------------------
-
-def approval_required() -> bool:
-    """`[promotion] require_approval`; unset: on whenever more than one active user exists."""
-    configured = getattr(settings.KILN, "promotion_require_approval", None)
-    if configured is not None:
-        return bool(configured)
-    from django.contrib.auth import get_user_model
-
-    return get_user_model().objects.filter(is_active=True).count() > 1
-
 
 def self_approval_allowed() -> bool:
     return bool(getattr(settings.KILN, "promotion_allow_self_approval", False))

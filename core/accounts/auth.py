@@ -12,6 +12,7 @@ from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from ninja.utils import check_csrf
 
+from core.accounts.permissions import APPROVE_PROMOTION, DELETE_OTHERS_WORK, approval_required, team_exists
 from core.errors import KilnError
 
 
@@ -23,9 +24,16 @@ def _is_loopback(request) -> bool:
 
 
 class LoopbackAnonymous(AnonymousUser):
-    """The caller when anonymous loopback access is allowed: it may do what a user may."""
+    """The caller when anonymous loopback access is allowed: it may do what a user may. Where a team
+    governs (more than one active user, or promotions that need approval), it is no approver and may not
+    act on others' work: a program without credentials changed the active adapter, unrecorded, while
+    the team's users needed an approver to."""
 
     def has_perm(self, perm, obj=None) -> bool:
+        if perm == APPROVE_PROMOTION:
+            return not approval_required()
+        if perm == DELETE_OTHERS_WORK:
+            return not team_exists()
         return True
 
 

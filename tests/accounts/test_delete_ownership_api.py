@@ -1,7 +1,8 @@
 """DELETE on /v1/adapters, /v1/eval/datasets and /v1/eval/suites follows the jobs' rule: the owner (an
 adapter's training-job submitter or uploader; a dataset's or suite's creator) or a holder of
 jobs.delete_others_jobs deletes; anyone else gets 403 with a stable code and nothing is deleted.
-Anonymous loopback access (when allowed) may do what a user may."""
+Anonymous loopback access (when allowed) may do what a user may, and what the one user may where no
+team governs."""
 
 from __future__ import annotations
 
@@ -78,13 +79,23 @@ def test_only_the_creator_or_a_delete_others_holder_deletes_a_suite(home, users,
     assert api("bob").delete("/v1/eval/suites/own").json()["status"] == "deleted"
 
 
-def test_anonymous_loopback_access_still_deletes(home, users, api, settings):
+def test_anonymous_loopback_access_deletes_others_work_only_where_no_team_governs(home, users, api, settings):
+    """With one active user the loopback caller is that user's programs and deletes anything; once a
+    team exists it may not delete others' work (it deleted a suite its owner's teammate could not)."""
     settings.KILN = replace(settings.KILN, allow_anonymous_api=True)
     make_trained_adapter(home, "a1", users["admin"])
     make_dataset(api("admin"), "d4")
     make_suite(api("admin"), "arith")
     anonymous = Client(REMOTE_ADDR="127.0.0.1")
-    for path in ("/v1/adapters/a1", "/v1/eval/datasets/d4", "/v1/eval/suites/arith"):
+    paths = ("/v1/adapters/a1", "/v1/eval/datasets/d4", "/v1/eval/suites/arith")
+    codes = ("adapter_delete_forbidden", "dataset_delete_forbidden", "suite_delete_forbidden")
+    for path, code in zip(paths, codes, strict=True):
+        refused(anonymous.delete(path), code)
+    assert Adapter.objects.exists() and EvalDataset.objects.exists() and EvalSuite.objects.exists()
+    users["bob"].is_active = users["carol"].is_active = False  # admin alone: no team
+    users["bob"].save()
+    users["carol"].save()
+    for path in paths:
         response = anonymous.delete(path)
         assert response.status_code == 200 and response.json()["status"] == "deleted", (path, response.content)
     assert not Adapter.objects.exists() and not EvalDataset.objects.exists() and not EvalSuite.objects.exists()

@@ -266,3 +266,20 @@ def test_unsupported_openai_fields_are_refused_not_silently_dropped(api, home, u
 def test_logprobs_false_is_accepted(api, home):
     body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": False, "top_logprobs": 0}
     assert send(api, "post", "/v1/chat/completions", body).status_code != 422  # passes validation
+
+
+def test_anonymous_loopback_access_is_no_approver_in_a_team(api, home, peft_adapter, make_client, settings):
+    """A program without credentials loaded and unloaded adapters (its transitions without an actor)
+    while the team's own submitters needed an approver to; alone on the machine it still may."""
+    from dataclasses import replace
+
+    from django.test import Client
+
+    settings.KILN = replace(settings.KILN, allow_anonymous_api=True)
+    publish(home, peft_adapter, "a1")
+    anonymous = Client(REMOTE_ADDR="127.0.0.1")
+    assert ok(send(anonymous, "post", "/v1/adapters/load", {"name": "a1"}))["status"] == "active"  # one user
+    assert ok(send(anonymous, "post", "/v1/adapters/unload", {"name": "a1"}))["status"] == "available"
+    make_client("second", can_approve=False)  # a team now: promotions need approval
+    error(send(anonymous, "post", "/v1/adapters/load", {"name": "a1"}), 403, "activation_needs_approval")
+    assert not Adapter.objects.get(name="a1").loaded
