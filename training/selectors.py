@@ -53,8 +53,8 @@ def post_eval_state(job: Job) -> dict:
         "training": {"state": job.state, "at": job.finished_at},
         "evaluation": None if evaluation is None else {
             # job_id: the post-eval job (GET /v1/jobs/{id}); eval_job_id: the evaluation it queued, the
-            # one GET /v1/eval/jobs/{id} and kiln eval show (null until it is queued)
-            "job_id": str(evaluation.uuid), "eval_job_id": _eval_job_id(evaluation),
+            # one GET /v1/eval/jobs/{id} answers (null until it is queued, and once it is deleted)
+            "job_id": str(evaluation.uuid), "eval_job_id": next(iter(_linked_eval_job_ids(job)), None),
             "state": evaluation.state, "outcome": result.get("gate_outcome"),
             "at": evaluation.finished_at, "error": evaluation.error_code or None,
             # why a gate ended `error` (e.g. its evaluation could not be queued) when no job error says it
@@ -218,11 +218,6 @@ def _checkpoint_error(job: Job, receipt: dict | None) -> str | None:
     """The newest checkpoint that failed to publish (the run went on without it), live or from the receipt."""
     errors = ((receipt or {}).get("checkpoint_errors") or [])
     return errors[-1] if errors else job.metrics.get("checkpoint_error")
-
-
-def _eval_job_id(post_eval: Job) -> str | None:
-    linked = (post_eval.result or {}).get("linked_eval_job_ids") or []
-    return linked[0] if linked else (post_eval.metrics or {}).get("eval_job_id")
 
 
 def _linked_eval_job_ids(job: Job) -> list[str]:

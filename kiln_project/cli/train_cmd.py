@@ -224,6 +224,10 @@ def detail_lines(detail: dict) -> list[str]:
     elif detail.get("checkpoint_error"):
         lines.append(f"{'checkpoint':14} none usable: {detail['checkpoint_error']}")
     for evidence in detail.get("post_eval_gate_evidence") or []:
+        if evidence.get("candidate_accuracy") is None:  # a gate that ended before any figure (outcome error)
+            lines.append(f"{'evidence':14} {evidence.get('outcome')}: {evidence.get('reason') or 'no figures'}"
+                         + (f", eval job {evidence['eval_job_id']}" if evidence.get("eval_job_id") else ""))
+            continue
         lines.append(f"{'evidence':14} {evidence.get('outcome')}: accuracy {evidence.get('baseline_accuracy')} "
                      f"({evidence.get('baseline_adapter') or 'base'}) -> {evidence.get('candidate_accuracy')} "
                      f"(minimum {evidence.get('minimum_accuracy')}), improved {evidence.get('improved')} regressed "

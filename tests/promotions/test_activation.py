@@ -254,6 +254,12 @@ def test_train_status_prints_the_gates_evidence():
         "reason": "the evaluation could not be queued: inference_disabled_by_profile"}}}
     assert ("evaluation     completed (error) at T4, post-eval job e2: the evaluation could not be queued: "
             "inference_disabled_by_profile") in detail_lines(errored)
+    # Its evidence has no figures: the reason, not "accuracy None -> None ... p None".
+    errored["post_eval_gate_evidence"] = [{"outcome": "error", "eval_job_id": None, "baseline_adapter": "a2",
+                                           "reason": "suite 'math-holdout' was removed after admission"}]
+    lines = detail_lines(errored)
+    assert "evidence       error: suite 'math-holdout' was removed after admission" in lines
+    assert not any("None" in line for line in lines if line.startswith("evidence"))
     # A run with a published checkpoint names it and the command that resumes from it.
     stopped = {"job_id": "j3", "state": "failed", "adapter_name": "math-r001",
                "latest_checkpoint": {"resume_checkpoint": "math-r001-checkpoint-step-00000025.kiln-checkpoint",

@@ -197,3 +197,22 @@ def test_a_deleted_eval_job_is_no_longer_linked(home):
     assert training_detail(training)["linked_eval_job_ids"] == [str(evaluation.uuid)]
     Job.objects.filter(id=evaluation.id).update(deleted_at=timezone.now())  # DELETE /v1/eval/jobs/{id}
     assert training_detail(training)["linked_eval_job_ids"] == []
+
+
+@pytest.mark.django_db
+def test_a_deleted_gate_evaluation_leaves_no_pointer_to_it():
+    """states.evaluation.eval_job_id named an eval job deleted since (404 everywhere), while
+    linked_eval_job_ids had already dropped it."""
+    from django.utils import timezone
+
+    from training.selectors import post_eval_state
+
+    evaluation = Job.objects.create(kind="evaluation.run", queue="infer", state="completed")
+    post_eval = Job.objects.create(kind="training.post_eval", queue="control", state="completed",
+                                   result={"linked_eval_job_ids": [str(evaluation.uuid)], "gate_outcome": "kept"})
+    training = Job.objects.create(kind="training.grpo", queue="gpu", state="completed",
+                                  result={"post_eval_job_id": str(post_eval.uuid)})
+    assert post_eval_state(training)["evaluation"]["eval_job_id"] == str(evaluation.uuid)
+    Job.objects.filter(id=evaluation.id).update(deleted_at=timezone.now())
+    state = post_eval_state(training)["evaluation"]
+    assert state["eval_job_id"] is None and state["job_id"] == str(post_eval.uuid)
