@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import transaction
 
 from adapters.selectors import adapter_published_path
-from adapters.services import adapter_reserve, validate_adapter_name
+from adapters.services import adapter_reserve, check_output_name_free, validate_adapter_name
 from core.artifacts import CHECKPOINT_MANIFEST, ensure_dir, write_file
 from core.confined_paths import PathRefused, confined_file
 from core.contracts.groups import (
@@ -400,6 +400,7 @@ def grpo_admit(*, body: dict, sealed_sources: tuple | None = None) -> GrpoAdmiss
         _check_recorded(corpus, config.base_adapter)
     output_name = config.output_name or f"grpo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     validate_adapter_name(output_name, field="config.output_name")
+    check_output_name_free(output_name, field="config.output_name")
     # Pinned before the checks read the manifest: a checkpoint replaced meanwhile fails at dequeue.
     resume_manifest_sha256 = checkpoint_manifest_sha256(name=config.resume_checkpoint)
     if config.resume_checkpoint:
@@ -423,12 +424,6 @@ def grpo_dry_run(*, body: dict) -> dict:
     non-dry run). The plan counts what the trainer's filters would keep by rewards alone (dynamic
     sampling drops a group whose rewards are all equal); token-level checks happen at training."""
     admission = grpo_admit(body=body)
-    from adapters.selectors import adapter_get
-
-    existing = adapter_get(name=admission.output_name)
-    if existing is not None:
-        raise KilnError("adapter_revision_conflict", f"adapter {admission.output_name!r} already exists", status=409,
-                        field="config.output_name", hint="use a new versioned output name for every round, e.g. math-r002")
     groups = admission.corpus.groups
     with_contrast = sum(1 for g in groups if len({c["reward"] for c in g["completions"]}) > 1)
     effective = admission.effective

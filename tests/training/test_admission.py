@@ -376,3 +376,17 @@ def test_the_openapi_post_eval_schema_refuses_unknown_keys_as_the_server_does(ap
                                  "post_eval": {"suite": "s", "min_accurasy": 0.5}}), 400)
     assert "min_accurasy" in message
     assert not Job.objects.exists()
+
+
+def test_an_output_name_held_by_an_unregistered_folder_is_refused_before_training(api, settings):
+    """A demoted `<name>.failed` is no registered adapter but holds its folder: a run naming it was
+    queued, trained, and failed only at publication (adapter_already_exists)."""
+    folder = settings.KILN.layout.adapters / "g2.failed"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"old")
+    body = {"groups": [GROUP], "config": {"output_name": "g2.failed"}}
+    for request in ({**body, "dry_run": True}, body):
+        message = _error(_post(api, request), 409, "adapter_revision_conflict")
+        assert "the adapters folder already holds g2.failed" in message
+    assert not Job.objects.exists() and not Adapter.objects.filter(name="g2.failed").exists()
+    assert (folder / "adapter_model.safetensors").read_bytes() == b"old"
