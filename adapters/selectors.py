@@ -199,10 +199,13 @@ def _post_eval_job(training_job: Job | None) -> Job | None:
     return None
 
 
-def _eval_jobs_of(name: str) -> list[dict]:
-    """Eval jobs that sampled this adapter as one of their targets, newest first."""
+def _eval_jobs_of(adapter: Adapter) -> list[dict]:
+    """Eval jobs that sampled this adapter as one of their targets, newest first; not those of an
+    earlier adapter of the same name (they were queued before this row existed)."""
+    name = adapter.name
     rows = []
-    jobs = Job.objects.filter(kind=EVAL_KIND, deleted_at__isnull=True).order_by("-id")[:MAX_EVAL_JOBS_SCANNED]
+    jobs = Job.objects.filter(kind=EVAL_KIND, deleted_at__isnull=True, created_at__gte=adapter.created_at
+                              ).order_by("-id")[:MAX_EVAL_JOBS_SCANNED]
     for job in jobs:
         targets = (job.payload or {}).get("targets") or []
         indexes = [i for i, t in enumerate(targets) if isinstance(t, dict) and t.get("adapter") == name]
@@ -220,7 +223,8 @@ def _eval_jobs_of(name: str) -> list[dict]:
 
 def adapter_evaluations(*, adapter: Adapter) -> dict:
     """The post-eval gate (outcome, verdict, evidence) of the producing training job, the gate receipts
-    recorded for this name, and every eval job that sampled it."""
+    recorded for this adapter, and every eval job that sampled it (an earlier adapter's of the same
+    name are not this one's)."""
     post_eval = _post_eval_job(adapter.training_job)
     result = (post_eval.result or {}) if post_eval else {}
     gate = None if post_eval is None else {
@@ -229,11 +233,11 @@ def adapter_evaluations(*, adapter: Adapter) -> dict:
         "evidence": result.get("post_eval_gate_evidence", []),
         "linked_eval_job_ids": result.get("linked_eval_job_ids", []),
         "evaluated_at": result.get("evaluated_at"), "activated_at": result.get("activated_at")}
-    receipts = Receipt.objects.filter(subject=adapter.name, kind=ReceiptKind.POST_EVAL_GATE).order_by("created_at", "id")
+    receipts = adapter_receipt_rows(adapter=adapter).filter(kind=ReceiptKind.POST_EVAL_GATE).order_by("created_at", "id")
     return {"post_eval": gate,
             "gate_receipts": [{"sha256": r.sha256, "created_at": r.created_at,
                                "outcome": ((r.body or {}).get("evidence") or {}).get("outcome")} for r in receipts],
-            "eval_jobs": _eval_jobs_of(adapter.name)}
+            "eval_jobs": _eval_jobs_of(adapter)}
 
 
 def adapter_lineage(*, adapter: Adapter) -> list[dict]:

@@ -86,6 +86,15 @@ def test_detail_has_files_history_training_job_evaluations_and_lineage(api, home
     publish(home, peft_adapter, "orphan", base_adapter="gone")
     assert ok(api.get("/v1/adapters/orphan/detail"))["lineage"] == [{"name": "gone", "missing": True}]
     error(api.get("/v1/adapters/nope/detail"), 404, "adapter_not_found")
+    # A new adapter under the name shows none of the earlier one's gate receipts and eval jobs.
+    import shutil
+
+    make_active(name="mid", reason="swap")
+    Adapter.objects.filter(name="leaf").delete()
+    shutil.rmtree(folder)
+    publish(home, peft_adapter, "leaf")
+    again = ok(api.get("/v1/adapters/leaf/detail"))["evaluations"]
+    assert again["gate_receipts"] == [] and again["eval_jobs"] == [] and again["post_eval"] is None
 
 
 def test_load_and_unload_record_who_and_why(api, home, peft_adapter):
