@@ -177,10 +177,14 @@ def _datasets(client: KilnClient, args) -> object:
         return client.delete(path)
     if command == "split":
         body = _split_body(args)
+        if not body and not args.preview:
+            return client.get(path)
+        # The flags given change the current split; the others keep its values (the API's PUT takes a
+        # whole config, and a missing field is its default: `--seed 9` alone reset 70/15 to 80/10).
+        current = client.get(path).get("split_config") or {}
+        body = {**{k: current[k] for k in ("seed", "train_percent", "validation_percent") if k in current}, **body}
         if args.preview:
             return client.post(f"{path}/preview", json=body)
-        if not body:
-            return client.get(path)
         return client.request("PUT", f"{path}/split", json=body)
     body = {"suite_name": args.suite, "source_split": args.source_split, "force": args.force}
     for key, value in (("strategy", args.strategy), ("scorer", args.scorer), ("head_n", args.head_n)):

@@ -64,7 +64,7 @@ def test_openenv_train_with_an_infinite_temperature(server, capsys):
 
 def test_a_nan_split_percent(server, capsys):
     _refused(capsys, "eval", "datasets", "split", "ds", "--train-percent", "nan")
-    assert server.requests == []
+    assert all(method == "GET" for method, _ in server.requests)  # the current split was read; no PUT left
 
 
 @pytest.mark.parametrize("argv", [("eval", "suites", "create", "{F}"), ("openenv", "start", "--request", "{F}"),

@@ -65,6 +65,10 @@ def test_datasets_upload_list_show_split_and_synthesize(kiln, home, tmp_path):
                         "--validation-percent", "20", "--json")
     assert code == 0 and json.loads(out)["split_config"] == {"seed": "9", "train_percent": 60,
                                                               "validation_percent": 20}
+    # One flag changes one value: the others keep the current split's (they were reset to 80/10).
+    code, out, _ = kiln("eval", "datasets", "split", "math", "--seed", "11", "--json")
+    assert code == 0 and json.loads(out)["split_config"] == {"seed": "11", "train_percent": 60,
+                                                              "validation_percent": 20}
     code, out, _ = kiln("eval", "datasets", "synthesize", "math", "--suite", "math-val", "--source-split",
                         "validation", "--scorer", '{"type": "numeric_tolerance", "tolerance": 0.5}', "--head-n", "2")
     assert code == 0 and out.startswith("suite math-val: 2 examples, sha256:")
