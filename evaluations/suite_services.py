@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from core.artifacts import ensure_dir, hidden_sibling, write_file
 from core.artifacts import json_bytes as _json_bytes
 from core.errors import KilnError
+from core.jobs.models import TERMINAL_STATES, Job
 from core.jobs.services import check_owner_or_permitted
 from evaluations.models import EvalSuite
 from evaluations.suites import SuiteError, parse_suite, suite_document
@@ -53,6 +54,8 @@ def suite_store(*, body, force: bool = False, source: dict | None = None, user=N
                 if existing is not None:  # replacing is deleting: the owner's, or jobs.delete_others_jobs
                     check_owner_or_permitted(owner_id=existing.created_by_id, user=user, what=f"eval suite {name!r}",
                                              code="suite_replace_forbidden")
+                    if existing.suite_hash != parsed["suite_hash"]:  # the same suite again changes nothing
+                        _check_not_pinned_by_a_gate(name)
                 suite, _created = EvalSuite.objects.select_for_update().update_or_create(name=name, defaults=fields)
             else:
                 suite = EvalSuite.objects.create(name=name, **fields)
@@ -71,6 +74,18 @@ def suite_check_delete(*, suite: EvalSuite, user) -> None:
                              code="suite_delete_forbidden")
 
 
+def _check_not_pinned_by_a_gate(name: str) -> None:
+    """A training queued or running with `post_eval` on this suite (or its post-eval, not yet ended)
+    needs it: deleted now, its gate could only end `error` after the whole training (409 eval_suite_in_use)."""
+    waiting = Job.objects.filter(kind__in=("training.grpo", "training.post_eval"),
+                                 deleted_at__isnull=True, payload__post_eval__suite=name
+                                 ).exclude(state__in=TERMINAL_STATES).first()
+    if waiting is not None:
+        raise KilnError("eval_suite_in_use", f"eval suite {name!r} is the post_eval suite of {waiting.kind} job "
+                        f"{waiting.uuid} ({waiting.state})", status=409,
+                        hint="delete it once that job has ended, or cancel the job first")
+
+
 def suite_delete(*, suite: EvalSuite, user=None) -> None:
     """Remove the row and the file. `user` must own it or hold jobs.delete_others_jobs
     (suite_check_delete); refused, nothing changes."""
@@ -80,6 +95,7 @@ def suite_delete(*, suite: EvalSuite, user=None) -> None:
         # The row as it is now: a concurrent replacement (force) may have given it another creator.
         current = EvalSuite.objects.select_for_update().filter(pk=suite.pk).first()
         suite_check_delete(suite=current or suite, user=user)
+        _check_not_pinned_by_a_gate(suite.name)
         EvalSuite.objects.filter(pk=suite.pk).delete()
         if path.exists():
             os.rename(path, aside)

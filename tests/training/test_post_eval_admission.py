@@ -171,3 +171,28 @@ def test_a_gate_too_small_to_decide_is_queued_with_a_warning(api, home):
     _suite("big-holdout", [_example(i, f"What is {i} + {i}?") for i in range(100, 120)])
     queued = _train(api, {**body, "config": {"output_name": "g-r002"}, "post_eval": {"suite": "big-holdout"}}).json()
     assert queued["warnings"] == []
+
+
+def test_a_suite_a_queued_gate_needs_is_neither_deleted_nor_replaced(api, home):
+    """Deleted (or replaced with other examples) while a training with post_eval on it waited, its gate
+    could only end `error` after the whole training."""
+    examples = [_example(i, f"What is {i} + {i}?") for i in range(100, 120)]
+    _suite("held", examples)
+    queued = _train(api, {"groups": [group(1), group(2)], "config": {"output_name": "h-r001"},
+                          "post_eval": {"suite": "held"}}).json()
+    refused = api.delete("/v1/eval/suites/held")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "eval_suite_in_use"
+    assert queued["job_id"] in refused.json()["error"]["message"]
+    replaced = api.post("/v1/eval/suites", data=json.dumps({"name": "held", "scorer": {"type": "exact"},
+                                                            "examples": examples[:5]}),
+                        content_type="application/json")
+    assert replaced.status_code in (400, 409)  # exists without force
+    from core.errors import KilnError
+    from evaluations.suite_services import suite_store
+
+    with pytest.raises(KilnError) as forced:
+        suite_store(body={"name": "held", "scorer": {"type": "exact"}, "examples": examples[:5]}, force=True)
+    assert forced.value.code == "eval_suite_in_use"
+    suite_store(body={"name": "held", "scorer": {"type": "exact"}, "examples": examples}, force=True)  # same: fine
+    Job.objects.filter(uuid=queued["job_id"]).update(state="cancelled")
+    assert api.delete("/v1/eval/suites/held").status_code == 200
