@@ -136,6 +136,13 @@ def _record_request(*, candidate: str, user, reason: str, evidence: dict | None,
     if incumbent is not None and incumbent.name == candidate:
         raise KilnError("adapter_active", f"adapter {candidate!r} is already the active adapter", status=409,
                         field="candidate", hint="promote another adapter")
+    pending = Promotion.objects.filter(state=PromotionState.PENDING, candidate=candidate,
+                                       content_sha256=adapter.content_sha256,
+                                       incumbent=incumbent.name if incumbent else None).first()
+    if pending is not None:  # asking twice made two identical requests for the approvers
+        raise KilnError("promotion_already_pending", f"promotion {pending.id} ({pending.incumbent or 'base'} -> "
+                        f"{candidate}) already waits for a decision", status=409, field="candidate",
+                        hint=f"an approver decides it: kiln promotions approve {pending.id} (or reject it)")
     full = promotion_evidence(adapter=adapter, gate=evidence, post_eval_job_id=post_eval_job_id)
     alarms = promotion_alarms(full, incumbent=incumbent.name if incumbent else None)
     now = timezone.now()

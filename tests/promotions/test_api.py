@@ -48,15 +48,19 @@ def test_request_list_show_approve(team):
           "promotion_not_pending")
 
 
-def test_the_stable_codes(team):
+def test_the_stable_codes(team, home):
     pid = send(team["requester"], "/v1/promotions", {"candidate": "cand"}).json()["id"]
+    # the same promotion asked for again (by anyone) waits already: no second request for the approvers
+    twice = error(send(team["reviewer"], "/v1/promotions", {"candidate": "cand"}), 409, "promotion_already_pending")
+    assert f"promotion {pid} (inc -> cand)" in twice
     error(send(team["requester"], f"/v1/promotions/{pid}/approve", {"reason": "mine"}), 403,
           "approval_permission_required")
     error(send(team["reviewer"], f"/v1/promotions/{pid}/reject", {}), 400, "reason_required")
     error(team["reviewer"].get("/v1/promotions/9999"), 404, "promotion_not_found")
     error(send(team["reviewer"], "/v1/promotions/9999/approve", {"reason": "x"}), 404, "promotion_not_found")
     error(send(team["requester"], "/v1/promotions", {"candidate": "missing"}), 404, "adapter_not_found")
-    own = send(team["reviewer"], "/v1/promotions", {"candidate": "cand"}).json()["id"]
+    published(home, "cand2")
+    own = send(team["reviewer"], "/v1/promotions", {"candidate": "cand2"}).json()["id"]
     error(send(team["reviewer"], f"/v1/promotions/{own}/approve", {"reason": "mine"}), 403, "promotion_self_approval")
     assert send(team["other"], "/v1/adapters/load", {"name": "cand", "reason": "by hand"}).status_code == 200
     error(send(team["reviewer"], f"/v1/promotions/{pid}/approve", {"reason": "ok"}), 409, "promotion_stale")
