@@ -114,7 +114,12 @@ def test_any_tampered_row_about_the_adapter_is_named(home):
 def test_the_parent_is_verified_as_a_link(home):
     parent = build_chain(home, "r001")
     build_chain(home, "r002", base=parent)
-    assert verify_adapter("r002").ok
+    report = verify_adapter("r002")
+    assert report.ok
+    parent_links = len(verify_adapter("r001").links)
+    [lineage] = [link for link in report.links if link.link == "base_adapter"]
+    # a parent whose links all check counts them all (an uploaded one's unchecked links are named apart)
+    assert f"verifies ({parent_links} links) and is" in lineage.detail and "not checkable" not in lineage.detail
     weights = Path(parent.path) / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes() + b"!")
     link, detail = _broken("r002")
