@@ -144,6 +144,11 @@ def evaluate_one(example: dict, *, index: int, target: dict, payload: EvalJobPay
               "seed": str(seed)}
     response, refused = _sample(request_body(example, adapter=target.get("adapter"), generation=payload.generation,
                                              seed=seed))
+    if refused is not None and refused.code == "adapter_not_found" and target.get("adapter"):
+        # Deleted while the job ran: its remaining examples would all read `error` and the job still end
+        # `completed`, with an accuracy of 0 for an adapter that was never asked.
+        raise KilnError("eval_adapter_changed", f"adapter {target['adapter']!r} was deleted while the job ran; the "
+                        f"job was submitted for {target.get('content_sha256')}")
     if refused is not None:
         return {**record, "outcome": "error", "detail": f"request refused ({refused.code}): {refused.message}"[:500],
                 "completion": None, "completion_token_ids": None, "finish_reason": None, "usage": None}

@@ -57,6 +57,10 @@ class FakeModel:
             from core.errors import KilnError
 
             raise KilnError("context_length_exceeded", "the prompt is too long", status=400)
+        if body.get("adapter") and not Adapter.objects.filter(name=body["adapter"], state=AdapterState.PUBLISHED).exists():
+            from core.errors import KilnError  # as the chat route answers (adapters.serving.selectors)
+
+            raise KilnError("adapter_not_found", f"no published adapter is named {body['adapter']!r}", status=404)
         number = int(text.split()[2])
         answer = str(2 * number) if number % 2 else str(2 * number + 1)
         if self.drift and self.drift in text:
@@ -350,3 +354,17 @@ def test_replay_refuses_a_target_republished_with_other_bytes(api, home, model):
     for route in ("rerun", "replay"):
         message = error(send(api, "post", f"/v1/eval/jobs/{queued['job_id']}/{route}", {}), 400, "eval_invalid_request")
         assert message.startswith("adapter: adapter 'a1' holds other bytes than when job"), route
+
+
+def test_an_adapter_deleted_while_its_job_waits_fails_the_job(api, home, model):
+    """Its examples were each recorded `error` (adapter_not_found) and the job ended `completed` with
+    an accuracy of 0 for an adapter that was never asked."""
+    _adapter(home)
+    ok(send(api, "post", "/v1/eval/suites", {"name": "sums", "scorer": {"type": "exact"}, "examples": EXAMPLES}))
+    queued = ok(_run(api, {"suite_name": "sums", "adapter": "a1"}))
+    Adapter.objects.filter(name="a1").delete()
+    run_queued_jobs("control")
+    result = ok(api.get(f"/v1/eval/jobs/{queued['job_id']}"))
+    assert result["state"] == "failed" and result["error"]["code"] == "eval_adapter_changed"
+    assert "'a1' was deleted while the job ran" in result["error"]["message"]
+    assert not (home / "evals" / queued["job_id"]).exists()
