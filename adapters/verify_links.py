@@ -234,8 +234,8 @@ def _base_adapter(chain: Chain):
         return broken("base_adapter", f"the parent {parent!r} fails at {first.link}: {first.detail}",
                       trained_from, row.content_sha256)
     checked = sum(1 for link in report.links if link.checked)
-    unchecked = len(report.links) - checked  # an uploaded parent's links that nothing here can check
-    counted = f"{checked} links" + (f"; {unchecked} not checkable here" if unchecked else "")
+    not_checkable = len(report.links) - checked  # an uploaded parent's links that nothing here can check
+    counted = f"{checked} links" + (f"; {not_checkable} not checkable here" if not_checkable else "")
     return ok("base_adapter", f"the parent {parent!r} verifies ({counted}) and is {trained_from}",
               trained_from, row.content_sha256)
 
