@@ -178,9 +178,23 @@ def _render(request, *, values: dict, error: KilnError | None = None, forbidden:
         "can_submit": request.user.has_perm("jobs.submit_job"),
         # Said before the form is filled: a submission would be refused with 503 mock_mode.
         "no_model": settings.KILN.model_path is None,
+        "placeholders": _placeholders(),
         **training_fragments.queue_context(),
     }
     return render(request, "ui/training_grpo.html", context, status=status)
+
+
+def _placeholders() -> dict:
+    """What a blank field gets: the server's [training.defaults] where it sets one (the demo's learning
+    rate 3e-5), else the built-in default."""
+    defaults = settings.KILN.training_defaults or {}
+    shown = {"lora_rank": "16", "learning_rate": "auto (optimizer default)", "kl_coeff": "0.1",
+             "checkpoint_interval": "no checkpoints"}
+    for name in shown:
+        if defaults.get(name) is not None:
+            shown[name] = f"{defaults[name]:g} (server default)" if isinstance(defaults[name], float) else \
+                f"{defaults[name]} (server default)"
+    return shown
 
 
 def _blank_values() -> dict:

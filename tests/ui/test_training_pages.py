@@ -525,3 +525,15 @@ def test_the_job_page_says_what_the_queued_answer_warned_of(operator_client):
     assert "config.lerning_rate is not a GRPO config field and was ignored (did you mean learning_rate?)" in page
     clean = operator_client.post("/ui/training/grpo/", _form(output_name="clean-r001", jsonl_file=_jsonl(GROUP)))
     assert 'id="training-warnings"' not in operator_client.get(clean["Location"]).content.decode()
+
+
+def test_blank_fields_say_what_the_server_defaults_give(operator_client, settings):
+    """The learning rate read "auto (optimizer default)" while the demo's [training.defaults] gave 3e-5."""
+    import dataclasses
+
+    html = operator_client.get("/ui/training/grpo/").content.decode()
+    assert 'placeholder="auto (optimizer default)"' in html and 'placeholder="16"' in html
+    settings.KILN = dataclasses.replace(settings.KILN, training_defaults={"learning_rate": 3e-5, "lora_rank": 8})
+    html = operator_client.get("/ui/training/grpo/").content.decode()
+    assert 'placeholder="3e-05 (server default)"' in html and 'placeholder="8 (server default)"' in html
+    assert 'placeholder="0.1"' in html  # kl_coeff: not set by the server
