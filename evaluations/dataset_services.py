@@ -188,8 +188,7 @@ def dataset_split_update(*, dataset: EvalDataset, config, user=None) -> EvalData
         dataset = EvalDataset.objects.select_for_update().filter(pk=dataset.pk).first()
         if dataset is None:
             raise KilnError("dataset_not_found", "the dataset was deleted meanwhile", status=404)
-        check_owner_or_permitted(owner_id=dataset.created_by_id, user=user, what=f"dataset {dataset.name!r}",
-                                 code="dataset_split_forbidden")
+        dataset_check_split(dataset=dataset, user=user)
         folder = Path(dataset.path)
         try:
             old = json.loads((folder / MANIFEST).read_bytes())
@@ -209,6 +208,12 @@ def dataset_split_update(*, dataset: EvalDataset, config, user=None) -> EvalData
         dataset.save()
         _stage(folder, files, replace=True).publish()
     return dataset
+
+
+def dataset_check_split(*, dataset: EvalDataset, user) -> None:
+    """Re-splitting another user's dataset needs jobs.delete_others_jobs (403 dataset_split_forbidden)."""
+    check_owner_or_permitted(owner_id=dataset.created_by_id, user=user, what=f"dataset {dataset.name!r}",
+                             code="dataset_split_forbidden")
 
 
 def dataset_check_delete(*, dataset: EvalDataset, user) -> None:

@@ -59,7 +59,7 @@ def _forbidden(request, what: str) -> str:
 
 
 def _delete_refusal(check) -> KilnError | None:
-    """Why the service would refuse this user's delete (another user's object, without
+    """Why the service would refuse this user's delete or re-split (another user's object, without
     jobs.delete_others_jobs), so the page disables its button and says so; None: allowed."""
     try:
         check()
@@ -190,6 +190,8 @@ def _dataset_render(request, dataset, *, split_values: dict | None = None, split
         "delete_error": delete_error,
         "delete_refusal": _delete_refusal(lambda: dataset_services.dataset_check_delete(dataset=dataset,
                                                                                         user=request.user)),
+        "split_refusal": _delete_refusal(lambda: dataset_services.dataset_check_split(dataset=dataset,
+                                                                                      user=request.user)),
         "forbidden": forbidden,
         "can_submit": _can_submit(request),
         "suites_from_here": [s for s in suite_selectors.suite_list() if (s.source or {}).get("dataset") == dataset.name],

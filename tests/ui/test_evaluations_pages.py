@@ -494,3 +494,22 @@ def test_a_bad_post_eval_is_refused_inline_and_queues_nothing(operator_client, h
         box = html[html.index('id="id_post_eval_min_accuracy"'):]
         box = box[:box.index(">")]
         assert f'value="{fields["post_eval_min_accuracy"]}"' in box and "disabled" not in box
+
+
+def test_another_users_dataset_cannot_be_resplit_or_deleted_from_its_page(operator_client, home):
+    """Apply (re-split) was enabled on another user's dataset and refused only after the post."""
+    import re
+
+    from django.contrib.auth import get_user_model
+
+    from core.accounts.services import user_create
+
+    User = get_user_model()  # noqa: N806
+
+    _dataset(operator=user_create(username="owner", password="long-enough-pw"))
+    html = _html(operator_client.get("/ui/evaluations/datasets/math/"))
+    assert re.search(r'id="split-apply"[^>]* disabled', html) and 'id="split-refusal"' in html
+    assert 'id="delete-refused"' in html
+    _dataset(name="mine", operator=User.objects.get(username="operator"))
+    html = _html(operator_client.get("/ui/evaluations/datasets/mine/"))
+    assert not re.search(r'id="split-apply"[^>]* disabled', html) and 'id="split-refusal"' not in html

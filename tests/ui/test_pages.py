@@ -262,3 +262,23 @@ def test_the_first_tab_stop_skips_the_navigation(operator_client):
     html = operator_client.get("/ui/").content.decode()
     assert html.index('class="skip-link" href="#content"') < html.index('class="topbar"')
     assert '<main class="content" id="content" tabindex="-1">' in html
+
+
+@pytest.mark.django_db
+def test_another_users_job_offers_no_cancel_button_without_the_permission(operator_client, operator):
+    """The button was enabled and the cancel refused only after the post."""
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+
+    from core.accounts.services import user_create
+
+    someone = user_create(username="someone", password="long-enough-pw")
+    job = services.job_submit(kind="test.steps", payload={}, user=someone)
+    html = operator_client.get(f"/ui/jobs/{job.uuid}/").content.decode()
+    assert 'id="cancel-job"' not in html and 'id="cancel-not-yours"' in html and "someone" in html
+    own = services.job_submit(kind="test.steps", payload={}, user=operator)
+    assert 'id="cancel-job"' in operator_client.get(f"/ui/jobs/{own.uuid}/").content.decode()
+    operator.user_permissions.add(Permission.objects.get(content_type__app_label="jobs", codename="delete_others_jobs"))
+    client = Client()
+    client.force_login(operator)
+    assert 'id="cancel-job"' in client.get(f"/ui/jobs/{job.uuid}/").content.decode()
