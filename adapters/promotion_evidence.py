@@ -268,8 +268,7 @@ def promotion_alarms(evidence: dict, *, incumbent=NOT_CHECKED) -> list[str]:
       candidate than under the reference, tens to hundreds of nats over a completion: text the reference
       would hardly write. The KL penalty (default kl_coeff 0.1) exists to keep a run far below that, so
       the bound catches a policy that escaped its anchor (the usual companion of a hacked reward) rather
-      than ordinary drift; a last-quarter mean, so one noisy step does not trip it; the estimate is
-      signed (k1), so its magnitude is compared: far below zero is as far from the anchor;
+      than ordinary drift; a last-quarter mean, so one noisy step does not trip it;
     - completion lengths collapsed or exploded: candidate mean / baseline mean completion tokens on the
       held-out eval below `min_length_ratio` (0.5: half as long) or above `max_length_ratio` (2.0: twice
       as long), only with at least MIN_LENGTH_SAMPLES measured completions on each side (fewer is noise).
@@ -290,13 +289,9 @@ def promotion_alarms(evidence: dict, *, incumbent=NOT_CHECKED) -> list[str]:
                       f"accuracy fell below the baseline's ({candidate:.4g} < {baseline:.4g})")
     kl = _dict(evidence.get("kl_to_reference"))
     value, bound = _number(kl.get("value")), _number(bounds.get("max_kl_to_reference"))
-    if value is not None and bound is not None and abs(value) > bound:
-        # The recorded k1 mean is signed: far below zero, the candidate gives the very tokens it trained
-        # on a tiny fraction of the reference's probability (a collapsed run measured -23.9) and has left
-        # its anchor as surely as far above it.
-        side = "above" if value > 0 else "below minus"
+    if value is not None and bound is not None and value > bound:
         alarms.append(f"KL to the reference is {value:.4g} nats/token ({kl.get('statistic')} of "
-                      f"{kl.get('source')}), {side} the bound max_kl_to_reference = {bound:.4g}")
+                      f"{kl.get('source')}), above the bound max_kl_to_reference = {bound:.4g}")
     lengths = _dict(evidence.get("lengths"))
     cand, inc = _dict(lengths.get("candidate")), _dict(lengths.get("incumbent"))
     low, high = _number(bounds.get("min_length_ratio")), _number(bounds.get("max_length_ratio"))
