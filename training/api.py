@@ -9,13 +9,11 @@ from __future__ import annotations
 from ninja import Body, Router
 
 from core.accounts.auth import require_permission
-from core.contracts.grpo_config import ignored_key_warnings
 from core.errors import KilnError
 from core.jobs import services as job_services
 from core.jobs.models import TERMINAL_STATES
 from training import selectors
 from training.payloads import GrpoJobPayload
-from training.post_eval_admission import gate_warnings
 from training.schemas import (
     GrpoDryRun,
     GrpoQueued,
@@ -43,7 +41,7 @@ def _submit(request, data: dict, route: str) -> dict:
     return {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
             "message": f"GRPO training queued; it will publish adapter {payload.adapter_name}",
             "ignored_config_keys": ignored,
-            "warnings": ignored_key_warnings(ignored) + gate_warnings(payload.post_eval)}
+            "warnings": selectors.submission_warnings(job)}
 
 
 @router.post("/train/grpo", summary="Queue GRPO training from scored groups", response=GrpoQueued | GrpoDryRun)

@@ -92,18 +92,8 @@ def training_section(job) -> dict:
         "receipt": receipt_view(detail.get("train_receipt")),
         "receipt_error": receipt_error,
         "receipt_url": f"/v1/adapters/{name}/receipt" if adapter is not None else f"/v1/train/jobs/{job.uuid}",
-        "warnings": submission_warnings(job),
+        "warnings": selectors.submission_warnings(job),
     }
-
-
-def submission_warnings(job) -> list[str]:
-    """What the API's queued answer warned of (ignored config keys with their close match, a gate too
-    small to decide): a form submission lands on this page, so they are said here too."""
-    from core.contracts.grpo_config import ignored_key_warnings
-    from training.post_eval_admission import gate_warnings
-
-    payload = GrpoJobPayload.of(job)
-    return ignored_key_warnings(list(payload.ignored_config_keys)) + gate_warnings(payload.post_eval)
 
 
 def _group_counts(metrics: dict, receipt: dict | None) -> tuple[int | None, int | None]:

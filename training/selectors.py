@@ -288,3 +288,15 @@ def checkpoint_manifest_sha256(*, name: str | None) -> str | None:
         return sha256_digest((path / CHECKPOINT_MANIFEST).read_bytes()) if path else None
     except OSError:
         return None
+
+
+def submission_warnings(job: Job) -> list[str]:
+    """What a queued GRPO job's submitter is warned of: config keys that were ignored (with the close
+    match) and a held-out gate too small to decide. The API's queued answer and the job page a form
+    lands on both say them."""
+    from core.contracts.grpo_config import ignored_key_warnings
+    from training.payloads import GrpoJobPayload
+    from training.post_eval_admission import gate_warnings
+
+    payload = GrpoJobPayload.of(job)
+    return ignored_key_warnings(list(payload.ignored_config_keys)) + gate_warnings(payload.post_eval)
