@@ -65,6 +65,12 @@ def _not_found(name: str) -> KilnError:
                      hint="list adapters with GET /v1/adapters (kiln adapters list)")
 
 
+def _name_in_use(existing: Adapter, *, field: str = "") -> KilnError:
+    doing = "being written" if existing.state == AdapterState.WRITING else "published"
+    return KilnError("adapter_revision_conflict", f"adapter {existing.name!r} is already {doing}", status=409,
+                     field=field, hint="use a new versioned output name for every round, e.g. math-r002")
+
+
 def check_output_name_free(name: str, *, field: str = "") -> None:
     """A training's output name must be new (409 adapter_revision_conflict): no registered adapter, and
     no folder the registry does not list (a demoted `<name>.failed`, a copy put there by hand), which
@@ -72,10 +78,7 @@ def check_output_name_free(name: str, *, field: str = "") -> None:
     admission; adapter_reserve then claims the name in the registry."""
     existing = Adapter.objects.filter(name=name).first()
     if existing is not None:
-        raise KilnError(
-            "adapter_revision_conflict",
-            f"adapter {name!r} is already {'being written' if existing.state == AdapterState.WRITING else 'published'}",
-            hint="use a new versioned output name for every round, e.g. math-r002", status=409, field=field)
+        raise _name_in_use(existing, field=field)
     if (settings.KILN.layout.adapters / name).exists():
         raise KilnError("adapter_revision_conflict", f"adapter {name!r}: the adapters folder already holds "
                         f"{name}, which is no registered adapter (e.g. a demoted one)", status=409, field=field,
@@ -87,10 +90,7 @@ def adapter_reserve(*, name: str, job=None, base_adapter: str = "", actor=None) 
     validate_adapter_name(name)
     existing = Adapter.objects.filter(name=name).first()
     if existing is not None:
-        raise KilnError(
-            "adapter_revision_conflict",
-            f"adapter {name!r} is already {'being written' if existing.state == AdapterState.WRITING else 'published'}",
-            hint="use a new versioned output name for every round, e.g. math-r002", status=409)
+        raise _name_in_use(existing)
     try:
         with transaction.atomic():
             adapter = Adapter.objects.create(name=name, state=AdapterState.WRITING, training_job=job,
