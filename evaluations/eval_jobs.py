@@ -244,7 +244,7 @@ def run_eval_job(ctx) -> dict:
     if original is not None:
         results["replay"] = replay_verdict(original, records)
     data = json_bytes(results)
-    ctx.raise_if_stopped()  # a cancelled job publishes nothing
+    ctx.begin_publishing()  # a cancelled job publishes nothing; a later cancel is refused
     ctx.report_progress(0.98, "publishing results.json")
     ensure_dir(output.parent)
     write_file(output, data, mode=0o444, exclusive=True)

@@ -150,6 +150,7 @@ def _apply(ctx, payload: PostEvalJobPayload, outcome: str, evidence: dict | None
 
     activated_at = demoted_to = promotion = activation_error = canary = None
     with transaction.atomic():
+        ctx.begin_publishing()  # a cancel that came while the evaluation ended stops it before any decision
         if outcome == "promoted":
             # [promotion] require_approval, or a reward-hacking alarm: propose; a person approves.
             promotion = promotion_after_gate(candidate=payload.adapter_name, evidence=evidence, job=ctx.job,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -170,26 +171,42 @@ def run_grpo_job(ctx) -> dict:
     content_digest = manifest_digest(file_manifest(result.adapter_path, adapter_files(result.adapter_path)))
     _write_manifest(result.adapter_path, name=name, content_sha256=content_digest, receipt=receipt, job=ctx.job,
                     payload=payload)
-    gate_pending = payload.gate_pending
-    with transaction.atomic():  # the adapter row and its receipt row appear together
-        adapter = adapter_publish(
-            name=name, path=result.adapter_path,
-            content_sha256=content_digest,
-            base_model_sha256=(receipt.get("model") or {}).get("base_model_sha256", ""),
-            loaded=False,  # activation is its own decision, after the serving canary (adapters.activation)
-        )
-        receipt_record(kind=ReceiptKind.TRAIN, subject=name, body=receipt, job=ctx.job)
-        count_completed_run(receipt)  # GET /metrics: with the receipt, or not at all
-        activation = _auto_load(ctx.job, name) if config.auto_load and smoke_passed and not gate_pending else {}
-        post_eval_job = None
-        if payload.post_eval is not None:
-            from training.post_eval_jobs import post_eval_submit
-
-            post_eval_job = post_eval_submit(training_job=ctx.job, adapter_name=name, post_eval=payload.post_eval,
-                                             suite_hash=payload.post_eval_suite_hash or "",
-                                             auto_load=bool(config.auto_load and smoke_passed))
+    try:
+        with transaction.atomic():  # the adapter row and its receipt row appear together
+            ctx.begin_publishing()  # a cancel that came while the last step ran stops it here
+            adapter, activation, post_eval_job = _publish(ctx, payload, result, content_digest, smoke_passed)
+    except JobCancelled:
+        # Never registered, so never served: the folder goes; the checkpoints stay (a resume point).
+        shutil.rmtree(result.adapter_path, ignore_errors=True)
+        ctx.log("cancelled after the last step, before publication: nothing was published",
+                {"checkpoint": summary["latest_checkpoint"]})
+        raise
     return {**summary, "adapter_path": str(result.adapter_path), "loaded": adapter.loaded, **activation,
             "post_eval_job_id": str(post_eval_job.uuid) if post_eval_job else None}
+
+
+def _publish(ctx, payload: GrpoJobPayload, result, content_digest: str, smoke_passed: bool):
+    """Register the trained adapter with its receipt, then queue what follows it (activation, the
+    gate's evaluation); the caller's transaction makes all of it appear at once or not at all."""
+    name, config, receipt = payload.adapter_name, payload.config, result.receipt
+    gate_pending = payload.gate_pending
+    adapter = adapter_publish(
+        name=name, path=result.adapter_path,
+        content_sha256=content_digest,
+        base_model_sha256=(receipt.get("model") or {}).get("base_model_sha256", ""),
+        loaded=False,  # activation is its own decision, after the serving canary (adapters.activation)
+    )
+    receipt_record(kind=ReceiptKind.TRAIN, subject=name, body=receipt, job=ctx.job)
+    count_completed_run(receipt)  # GET /metrics: with the receipt, or not at all
+    activation = _auto_load(ctx.job, name) if config.auto_load and smoke_passed and not gate_pending else {}
+    post_eval_job = None
+    if payload.post_eval is not None:
+        from training.post_eval_jobs import post_eval_submit
+
+        post_eval_job = post_eval_submit(training_job=ctx.job, adapter_name=name, post_eval=payload.post_eval,
+                                         suite_hash=payload.post_eval_suite_hash or "",
+                                         auto_load=bool(config.auto_load and smoke_passed))
+    return adapter, activation, post_eval_job
 
 
 def _write_manifest(folder: Path, *, name: str, content_sha256: str, receipt: dict, job, payload) -> None:

@@ -33,6 +33,7 @@ class JobContext:
         self.payload = job.payload
         self._last_cancel_check = 0.0
         self._cancel_seen = False
+        self.publishing = False
 
     def report_progress(self, progress: float, message: str = "", metrics: dict | None = None) -> None:
         from core.jobs.services import job_report_progress
@@ -59,6 +60,22 @@ class JobContext:
     def raise_if_stopped(self) -> None:
         if self.should_stop():
             raise JobCancelled()
+
+    def begin_publishing(self) -> None:
+        """The handler's point of no return: called just before it publishes its result (inside the
+        transaction that publishes it, where there is one).
+
+        should_stop() is polled and may be half a second stale, so a cancel that came while the last
+        of the work ran would otherwise be accepted (200) and then ignored. Here the job row is
+        marked in the same transaction: a cancel requested before stops the job (JobCancelled, and
+        the transaction publishes nothing); one that comes after is refused (409
+        job_not_cancellable). A worker shutting down lets finished work publish."""
+        from core.jobs.models import Job
+
+        if not Job.objects.filter(id=self.job.id, cancel_requested=False).update(publishing=True):
+            self._cancel_seen = True
+            raise JobCancelled()
+        self.publishing = True
 
 
 _queue_gates: dict[str, Callable[[], bool]] = {}
@@ -128,7 +145,7 @@ def _run_one(queue: str, worker_id: str) -> bool:
         if not isinstance(exc, Exception):
             raise
     else:
-        if ctx._cancel_seen or _shutting_down.is_set():
+        if not ctx.publishing and (ctx._cancel_seen or _shutting_down.is_set()):
             _settle_stopped(job, ctx, result=result)
         else:
             _record_end(job, services.job_complete, result=result or {})

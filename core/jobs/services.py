@@ -198,7 +198,7 @@ def job_cancel(*, job: Job, user=None, system: bool = False) -> Job:
             _event(job, "cancelled", f"cancelled by {who} while queued")
             _after_unsuccessful(job)
             return job
-        if Job.objects.filter(id=job.id, state=JobState.RUNNING, cancel_requested=False).update(
+        if Job.objects.filter(id=job.id, state=JobState.RUNNING, cancel_requested=False, publishing=False).update(
             cancel_requested=True, updated_at=now
         ):
             job.refresh_from_db()
@@ -209,6 +209,12 @@ def job_cancel(*, job: Job, user=None, system: bool = False) -> Job:
         raise KilnError(
             "job_not_cancellable", f"job {job.uuid} is already {job.state}", status=409,
             hint="only queued or running jobs can be cancelled",
+        )
+    if job.publishing and not job.cancel_requested:
+        raise KilnError(
+            "job_not_cancellable", f"job {job.uuid} finished its work and is publishing its result; "
+            "a cancel can no longer stop it", status=409,
+            hint="wait for it to complete, then reject, unload or delete what it published",
         )
     return job  # running with cancellation already requested: cancelling twice is harmless
 

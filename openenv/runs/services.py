@@ -362,12 +362,12 @@ def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
     if run.state in TRAINING_STATES:
         from openenv.training.follow import post_eval_job_of, run_follow
 
-        run_transition(run, from_states=TRAINING_STATES, cancel_requested=True)
         for job in (run.training_job, run.training_job and post_eval_job_of(run.training_job)):
             if job is not None:
                 job.refresh_from_db()
                 if not job.is_terminal:
-                    job_cancel(job=job, user=user, system=True)  # the run's own job: checked above
+                    _cancel_training_phase_job(run, job)
+        run_transition(run, from_states=TRAINING_STATES, cancel_requested=True)
         run_follow(run)
     elif run.state in EVALUATION_STATES:
         run_transition(run, from_states=EVALUATION_STATES, cancel_requested=True)
@@ -386,6 +386,24 @@ def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
                 runs_admit()
     run.refresh_from_db()
     return run
+
+
+def _cancel_training_phase_job(run: OpenEnvRun, job) -> None:
+    """Cancel the run's training or post-eval job; one already publishing its result (the adapter, the
+    gate's decision) can no longer be stopped, and the run says so rather than accept the cancel."""
+    from core.jobs.services import job_cancel
+
+    try:
+        job_cancel(job=job, system=True)  # the run's own job: its owner was checked by run_cancel
+    except KilnError as exc:
+        if exc.code != "job_not_cancellable":
+            raise
+        job.refresh_from_db()
+        if job.is_terminal:
+            return  # it ended meanwhile: run_follow brings the run up to date
+        raise KilnError("openenv_run_not_cancellable", f"run {run.id}: its {job.kind} job finished its work and "
+                        "is publishing its result; a cancel can no longer stop it", status=409,
+                        hint="wait for the run to end, then reject, unload or delete its adapter") from None
 
 
 # --- restoration -------------------------------------------------------------------------------

@@ -83,6 +83,35 @@ def test_runner_completes_fails_and_cancels(tmp_path, monkeypatch):
     assert (stopped.state, stopped.progress, stopped.error_code) == ("cancelled", 0.0, "job_cancelled")
 
 
+def test_a_cancel_is_decided_once_at_the_point_of_publication():
+    """should_stop() is polled (a stale answer for up to half a second); begin_publishing reads the row:
+    a cancel that came while the last work ran stops the job, and one after it is refused, never
+    accepted and then ignored."""
+    from core.jobs.runner import JobCancelled, JobContext
+
+    late = services.job_submit(kind="test.steps", payload={})
+    late = services.job_claim_next(queue="gpu", worker_id="w1")
+    ctx = JobContext(late)
+    assert ctx.should_stop() is False  # the poll that the last step saw
+    services.job_cancel(job=late)  # the cancel arrives while the last step runs
+    assert ctx.should_stop() is False  # still the stale answer
+    with pytest.raises(JobCancelled):
+        ctx.begin_publishing()
+    late.refresh_from_db()
+    assert (late.cancel_requested, late.publishing) == (True, False)
+
+    publishing = services.job_submit(kind="test.steps", payload={})
+    publishing = services.job_claim_next(queue="gpu", worker_id="w1")
+    ctx = JobContext(publishing)
+    ctx.begin_publishing()
+    with pytest.raises(KilnError) as refused:
+        services.job_cancel(job=publishing)
+    assert (refused.value.code, refused.value.status) == ("job_not_cancellable", 409)
+    assert "publishing its result" in refused.value.message
+    publishing.refresh_from_db()
+    assert (publishing.state, publishing.cancel_requested) == ("running", False)
+
+
 def _heartbeat(worker_id: str, *, pid: int, seconds_ago: float = 0, stopped: bool = False, host=None):
     import socket
 

@@ -4,14 +4,13 @@ Model-free: `_apply` is called directly with a hand-built post-eval job."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from adapters.models import Adapter, Promotion
 from adapters.promotions import promotion_alarms, reward_trend
 from core.contracts.grpo_submission import PostEvalConfig
 from core.jobs.models import Job
+from core.jobs.runner import JobContext
 from core.jobs.services import job_submit
 from core.models import Receipt
 from tests.promotions.support import approve, policy, published, users
@@ -37,7 +36,7 @@ def _gate(home, name: str, *, candidate: float, baseline: float, rewards=None, u
     evidence = {"policy_version": "paired_wilson_v1", "eval_job_id": "e1", "candidate_adapter": name,
                 "baseline_adapter": "prev", "candidate_accuracy": candidate, "baseline_accuracy": baseline,
                 "outcome": "promoted"}
-    result = _apply(SimpleNamespace(job=post), payload, "promoted", evidence, "e1", "verdict")
+    result = _apply(JobContext(post), payload, "promoted", evidence, "e1", "verdict")
     return result, post
 
 
@@ -134,7 +133,7 @@ def test_a_gate_against_an_adapter_that_no_longer_serves_is_never_applied_automa
     evidence = {"policy_version": "paired_wilson_v1", "eval_job_id": "e1", "candidate_adapter": "cand",
                 "baseline_adapter": "prev", "candidate_accuracy": 0.8, "baseline_accuracy": 0.5,
                 "outcome": "promoted"}
-    result = _apply(SimpleNamespace(job=_job("training.post_eval", user=requester)), payload, "promoted",
+    result = _apply(JobContext(_job("training.post_eval", user=requester)), payload, "promoted",
                     evidence, "e1", "verdict")
     assert result["activated_at"] is None and result["promotion_id"] is not None
     assert Adapter.objects.get(name="other").loaded and not Adapter.objects.get(name="cand").loaded

@@ -213,6 +213,46 @@ def test_cancel_during_training_cancels_the_training_job(api, home, counter, ser
     assert status(api, running["run_id"])["state"] == "cancelled"
 
 
+def test_a_cancel_during_the_last_step_publishes_nothing_and_one_after_is_refused(
+        api, home, counter, served, policies, monkeypatch, settings, django_capture_on_commit_callbacks):
+    """QA found a cancel accepted (200) while the last step ran and then ignored: the adapter published
+    and auto-loaded. The trainer's stop poll is half a second stale; publication reads the row."""
+    import gpu_runtime.grpo.trainer as trainer
+
+    real_train = trainer.train_grpo
+
+    def cancelled_as_the_last_step_ends(request, **kwargs):
+        result = real_train(request, **kwargs)
+        Job.objects.filter(kind="training.grpo", state="running").update(cancel_requested=True)
+        return result
+
+    monkeypatch.setattr(trainer, "train_grpo", cancelled_as_the_last_step_ends)
+    run = collect(api, train_body(counter.url, groups=1, output_adapter="counter-late"))
+    assert run["state"] == "training_queued", run
+    with django_capture_on_commit_callbacks(execute=True):
+        run_queued_jobs("gpu")
+    job = Job.objects.get(uuid=run["training_job_id"])
+    assert (job.state, job.error_code) == ("cancelled", "job_cancelled")
+    assert status(api, run["run_id"])["state"] == "cancelled"
+    assert not Adapter.objects.filter(name="counter-late").exists()
+    assert not (settings.KILN.layout.adapters / "counter-late").exists()  # the trained folder went with the cancel
+    assert [e.message for e in job.events.all() if "before publication" in e.message]
+
+    # Once the job is publishing, a cancel is refused with a reason, and the run is left as it was.
+    monkeypatch.setattr(trainer, "train_grpo", real_train)
+    second = collect(api, train_body(counter.url, groups=1, output_adapter="counter-late-b"))
+    job = Job.objects.get(uuid=second["training_job_id"])
+    with django_capture_on_commit_callbacks(execute=True):
+        job_services.job_claim_next(queue="gpu", worker_id="fake-gpu")
+    Job.objects.filter(id=job.id).update(publishing=True)
+    refused = error_of(api.delete(f"/v1/openenv/runs/{second['run_id']}"), 409, "openenv_run_not_cancellable")
+    assert "publishing its result" in refused["message"]
+    after = status(api, second["run_id"])
+    assert (after["state"], after["cancel_requested"]) == ("training_running", False)
+    job.refresh_from_db()
+    assert not job.cancel_requested
+
+
 def test_cancel_while_post_evaluating_cancels_the_post_eval_and_the_run(api, home, counter, served, policies,
                                                                        django_capture_on_commit_callbacks):
     suite = {"name": "sums-check", "scorer": {"type": "numeric_tolerance", "tolerance": 0},
