@@ -175,6 +175,8 @@ def _schema(value, where: str) -> dict:
         jsonschema.validators.validator_for(value, default=jsonschema.Draft202012Validator).check_schema(value)
     except jsonschema.SchemaError as exc:
         raise ScorerSpecError(where, f"is not a valid JSON Schema: {exc.message}") from None
+    except RecursionError:  # the API refuses bodies this deep; a suite read from elsewhere may not be
+        raise ScorerSpecError(where, "nests too deep to check (the metaschema's recursion ran out)") from None
     _check_schema_parts(value, where)
     return value
 

@@ -62,20 +62,17 @@ class BodyRefused(ValueError):
 class KilnParser(Parser):
     """Every route's JSON body is one object whose every string (keys and values, at any depth)
     encodes as UTF-8. A lone surrogate ("\\ud800") parses, but a database query or the tokenizer cannot encode
-    it (a 500); a non-object body would be read as an empty one and take every default. Checked once
-    here for every route, before anything reads or stores the body."""
+    it (a 500); a non-object body would be read as an empty one and take every default; and nesting
+    beyond MAX_BODY_DEPTH. Checked once here for every route, before anything reads or stores the body."""
 
     def parse_body(self, request):
         data = super().parse_body(request)
         if not isinstance(data, dict):
             raise BodyRefused(f"request: the body must be a JSON object, not {_json_kind(data)}",
                               "send one JSON object (see this route's request format in /v1/docs)")
-        found = _lone_surrogate(data)
-        if found:
-            where, in_key = found
-            raise BodyRefused(f"{where}: {'a key ' if in_key else ''}holds a lone surrogate; send valid Unicode text",
-                              "an escaped surrogate (\\ud800-\\udfff) must come as a pair, high then low, "
-                              "e.g. \\ud83d\\ude00")
+        problem = _body_problem(data)
+        if problem:
+            raise BodyRefused(*problem)
         return data
 
 
@@ -94,22 +91,36 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def _lone_surrogate(data: dict) -> tuple[str, bool] | None:
-    """The JSON path of a string UTF-8 cannot encode (e.g. `messages[0].content`) and whether it is a
-    key of that object, or None. Iterative: a body nested as deep as the JSON parser allows is fine."""
-    stack = [(data, None)]  # (value, its path as a linked (parent, key) pair): built out only when needed
+# No route takes anything nested this deep (a scorer's JSON Schema, an OpenEnv run's reset options are
+# a few levels); deeper, a validator's recursion (jsonschema's check_schema at about 200) ends in a 500.
+MAX_BODY_DEPTH = 64
+
+
+def _body_problem(data: dict) -> tuple[str, str] | None:
+    """(message, hint) for a body no route takes: a string UTF-8 cannot encode, named by its JSON path
+    (e.g. `messages[0].content`), or nesting deeper than MAX_BODY_DEPTH. Iterative: a body nested as
+    deep as the JSON parser allows is fine here."""
+    stack = [(data, None, 1)]  # (value, its path as a linked (parent, key) pair: built out only when needed, depth)
     while stack:
-        value, path = stack.pop()
+        value, path, depth = stack.pop()
+        if isinstance(value, dict | list) and depth > MAX_BODY_DEPTH:
+            return (f"{_path_text(path)}: nests deeper than {MAX_BODY_DEPTH} levels of objects and arrays",
+                    f"flatten the body: no route takes JSON nested more than {MAX_BODY_DEPTH} levels deep")
         if isinstance(value, dict):
             for key, item in value.items():
                 if not _is_text(key):
-                    return _path_text(path), True
-                stack.append((item, (path, key)))
+                    return _surrogate(_path_text(path), in_key=True)
+                stack.append((item, (path, key), depth + 1))
         elif isinstance(value, list):
-            stack.extend((item, (path, index)) for index, item in enumerate(value))
+            stack.extend((item, (path, index), depth + 1) for index, item in enumerate(value))
         elif isinstance(value, str) and not _is_text(value):
-            return _path_text(path), False
+            return _surrogate(_path_text(path), in_key=False)
     return None
+
+
+def _surrogate(where: str, *, in_key: bool) -> tuple[str, str]:
+    return (f"{where}: {'a key ' if in_key else ''}holds a lone surrogate; send valid Unicode text",
+            "an escaped surrogate (\\ud800-\\udfff) must come as a pair, high then low, e.g. \\ud83d\\ude00")
 
 
 def _path_text(path) -> str:

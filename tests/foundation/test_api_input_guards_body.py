@@ -115,3 +115,30 @@ def test_decisions_refuse_a_body_that_is_not_an_object(alice, settings, decision
 def test_a_training_route_refuses_a_non_object_with_its_own_code(alice):
     message = refused(post(alice["api"], "/v1/train/grpo", '"groups"'), 400, "training_invalid_request")
     assert message == "request: the body must be a JSON object, not a string"
+
+
+def test_a_body_nested_past_the_bound_is_refused_before_any_route_reads_it(alice):
+    """QA: a json_schema scorer nested 200 deep was a 500 (jsonschema's check_schema ran out of
+    recursion). Every route refuses bodies deeper than MAX_BODY_DEPTH with its own validation code."""
+    from evaluations.models import EvalSuite
+    from kiln_project.api import MAX_BODY_DEPTH
+
+    def nested(levels):
+        schema = {}
+        for _ in range(levels):
+            schema = {"items": schema}
+        return schema
+
+    def suite(levels):
+        return {"name": f"deep{levels}", "scorer": {"type": "json_schema", "schema": nested(levels)},
+                "examples": [{"id": "1", "messages": [{"role": "user", "content": "x"}]}]}
+
+    # body -> scorer -> schema is 3 levels, then the schema's own.
+    message = refused(post(alice["api"], "/v1/eval/suites", suite(200)), 400, "eval_invalid_request")
+    assert f"nests deeper than {MAX_BODY_DEPTH} levels" in message and message.startswith("scorer.schema.items")
+    assert not EvalSuite.objects.exists()
+    ok = post(alice["api"], "/v1/eval/suites", suite(MAX_BODY_DEPTH - 3))
+    assert ok.status_code == 200, ok.content
+    deep_reset = {"kind": "rollout", "environments": ["http://127.0.0.1:9/"], "reset_options": nested(100)}
+    message = refused(post(alice["api"], "/v1/openenv/runs", deep_reset), 400, "openenv_invalid_request")
+    assert "nests deeper than" in message
