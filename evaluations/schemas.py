@@ -26,7 +26,9 @@ SPLIT_REQUEST = {"title": "DatasetSplitConfig", "type": "object",
                                          "description": "decimal u64"},
                                 "train_percent": {"type": "number", "default": 80, "exclusiveMinimum": 0},
                                 "validation_percent": {"type": "number", "default": 10, "minimum": 0}},
-                 "description": "train_percent > 0 and train_percent + validation_percent < 100; the rest is holdout"}
+                 "additionalProperties": False,
+                 "description": "train_percent > 0 and train_percent + validation_percent < 100; the rest is "
+                                "holdout. The whole config: a setting left out takes its default"}
 SYNTHESIZE_REQUEST = {"title": "SynthesizeSuiteRequest", "type": "object", "required": ["suite_name"],
                       "properties": {"suite_name": {"type": "string"},
                                      "source_split": {"type": "string", "enum": list(PARTITIONS), "default": "holdout"},

@@ -69,6 +69,11 @@ def parse_split_config(value) -> SplitConfig:
         value = {}
     if not isinstance(value, dict):
         raise SplitError("split", "must be an object with seed, train_percent and validation_percent")
+    # A misspelt setting would otherwise re-split with the defaults: rows move between partitions.
+    for key in value:
+        if key not in DEFAULT_SPLIT_CONFIG:
+            raise SplitError(str(key)[:80], "is not a split setting: they are seed, train_percent and "
+                             "validation_percent (a setting left out takes its default)")
     seed = value.get("seed", DEFAULT_SPLIT_CONFIG["seed"])
     if isinstance(seed, int) and not isinstance(seed, bool):
         seed = str(seed)

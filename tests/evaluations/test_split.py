@@ -131,6 +131,7 @@ def test_the_draw_is_the_documented_hash():
     ({"seed": "1.5"}, "seed"),
     ({"seed": str(2**64)}, "seed"),
     ({"seed": None}, "seed"),
+    ({"sead": "9"}, "sead"),  # a misspelt setting is refused, not re-split with the defaults
 ])
 def test_bad_split_configs_name_the_field(body, field):
     with pytest.raises(s.SplitError) as err:
