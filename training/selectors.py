@@ -292,11 +292,15 @@ def checkpoint_manifest_sha256(*, name: str | None) -> str | None:
 
 def submission_warnings(job: Job) -> list[str]:
     """What a queued GRPO job's submitter is warned of: config keys that were ignored (with the close
-    match) and a held-out gate too small to decide. The API's queued answer and the job page a form
-    lands on both say them."""
+    match), a held-out gate too small to decide, and a corpus in which no group's rewards differ. The
+    API's queued answer and the job page a form lands on both say them."""
     from core.contracts.grpo_config import ignored_key_warnings
     from training.payloads import GrpoJobPayload
     from training.post_eval_admission import gate_warnings
+    from training.reward_contrast import reward_contrast_warnings
 
     payload = GrpoJobPayload.of(job)
-    return ignored_key_warnings(list(payload.ignored_config_keys)) + gate_warnings(payload.post_eval)
+    data = payload.training_data
+    return ignored_key_warnings(list(payload.ignored_config_keys)) + gate_warnings(payload.post_eval) \
+        + reward_contrast_warnings(with_contrast=data.get("groups_with_reward_contrast"), rows=data.get("rows") or 0,
+                                   dynamic_sampling=payload.config.dynamic_sampling)

@@ -46,6 +46,7 @@ from training.config_defaults import apply_training_defaults
 from training.memory_preflight import check_step_memory, memory_plan
 from training.payloads import GrpoJobPayload
 from training.post_eval_admission import gate_warnings
+from training.reward_contrast import groups_with_reward_contrast, reward_contrast_warnings
 from training.selectors import checkpoint_manifest_sha256
 
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
@@ -425,14 +426,16 @@ def grpo_dry_run(*, body: dict) -> dict:
     sampling drops a group whose rewards are all equal); token-level checks happen at training."""
     admission = grpo_admit(body=body)
     groups = admission.corpus.groups
-    with_contrast = sum(1 for g in groups if len({c["reward"] for c in g["completions"]}) > 1)
+    with_contrast = groups_with_reward_contrast(groups)
     effective = admission.effective
     return {
         "mode": DRY_RUN_MODE, "dry_run": True, "would_publish": admission.output_name,
         "effective_seed": str(admission.seed), "effective_config": effective.to_dict(),
         "config_sources": admission.config_sources,
         "ignored_config_keys": sorted(effective.ignored_keys),
-        "warnings": ignored_key_warnings(sorted(effective.ignored_keys)) + gate_warnings(admission.submission.post_eval),
+        "warnings": ignored_key_warnings(sorted(effective.ignored_keys)) + gate_warnings(admission.submission.post_eval)
+        + reward_contrast_warnings(with_contrast=with_contrast, rows=len(groups),
+                                   dynamic_sampling=effective.dynamic_sampling),
         "training_data": {**admission.provenance, "admitted_corpus_sha256": admission.corpus.sha256,
                           "rows": len(groups), "rollouts": admission.corpus.rollouts},
         "groups_with_reward_contrast": with_contrast,
@@ -466,6 +469,7 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_
                 route=route, adapter_name=output_name, config=effective, snapshot_path=str(snapshot),
                 training_data={**admission.provenance, "admitted_corpus_sha256": corpus.sha256,
                                "rows": len(corpus.groups), "rollouts": corpus.rollouts,
+                               "groups_with_reward_contrast": groups_with_reward_contrast(corpus.groups),
                                **({"openenv": openenv_lineage} if openenv_lineage else {})},
                 post_eval=admission.submission.post_eval,
                 post_eval_suite_hash=admission.suite_pin and admission.suite_pin["suite_hash"],

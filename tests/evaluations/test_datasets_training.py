@@ -11,6 +11,7 @@ import pytest
 from core.canonical import sha256_digest
 from core.contracts.groups import admit_groups
 from core.jobs.models import Job
+from training.reward_contrast import groups_with_reward_contrast
 from tests.evaluations import dataset_support
 from tests.evaluations.dataset_support import error, group, jsonl, ok, send, upload
 
@@ -42,7 +43,8 @@ def test_a_named_dataset_trains_on_its_train_partition(api, home):
         "dataset_corpus_sha256": manifest["corpus_sha256"],
         "split_manifest_sha256": manifest["split_manifest_sha256"],
         "admitted_corpus_sha256": sha256_digest(snapshot), "rows": manifest["split_counts"]["train"],
-        "rollouts": 2 * manifest["split_counts"]["train"]}
+        "rollouts": 2 * manifest["split_counts"]["train"],
+        "groups_with_reward_contrast": groups_with_reward_contrast(expected.groups)}
     status = ok(api.get(f"/v1/train/status/{queued['job_id']}"))
     assert status["training_data"]["source"] == "named_dataset" and status["training_data"]["split"] == "train"
 

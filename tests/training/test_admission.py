@@ -39,7 +39,7 @@ def test_inline_groups_are_queued_with_a_pinned_snapshot(api):
     assert json.loads(data.splitlines()[0]) == GROUP
     assert job.payload["training_data"]["admitted_corpus_sha256"] == sha256_digest(data)
     assert job.payload["training_data"] == {"source": "inline", "admitted_corpus_sha256": sha256_digest(data),
-                                            "rows": 1, "rollouts": 2}
+                                            "rows": 1, "rollouts": 2, "groups_with_reward_contrast": 1}
     assert not os.stat(snapshot).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
     assert job.payload["config"]["behavior_policy"] == "no_importance_correction"
     assert Adapter.objects.get(name="math-r001").state == "writing"
@@ -390,3 +390,21 @@ def test_an_output_name_held_by_an_unregistered_folder_is_refused_before_trainin
         assert "the adapters folder already holds g2.failed" in message
     assert not Job.objects.exists() and not Adapter.objects.filter(name="g2.failed").exists()
     assert (folder / "adapter_model.safetensors").read_bytes() == b"old"
+
+
+def test_a_corpus_without_reward_contrast_is_queued_with_a_warning(api):
+    """The guide's single task (47 + 138) on the demo model: every reward 0, so dynamic sampling drops
+    every group and the job can only fail zero_groups; the answer says so at once (QA)."""
+    flat = {**GROUP, "completions": [{**c, "reward": 0.0} for c in GROUP["completions"]]}
+    dry = _post(api, {"groups": [flat], "dry_run": True, "config": {"output_name": "flat-r001"}}).json()
+    assert dry["groups_with_reward_contrast"] == 0
+    [warning] = dry["warnings"]
+    assert "no group's rewards differ (all 1 group(s)" in warning and "zero_groups" in warning
+    queued = _post(api, {"groups": [flat], "config": {"output_name": "flat-r001"}})
+    assert queued.status_code == 200, queued.content
+    assert queued.json()["warnings"] == [warning]
+    assert Job.objects.get(uuid=queued.json()["job_id"]).payload["training_data"]["groups_with_reward_contrast"] == 0
+    kept = _post(api, {"groups": [flat], "config": {"output_name": "flat-r002", "dynamic_sampling": False}}).json()
+    assert "every advantage is zero" in kept["warnings"][0]
+    contrasted = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r009"}}).json()
+    assert contrasted["warnings"] == []

@@ -25,6 +25,7 @@ from core.errors import KilnError
 from core.jobs import fragments, runner
 from core.jobs.models import Job, JobState
 from evaluations.models import Scorer
+from training.reward_contrast import groups_with_reward_contrast
 from tests.rollouts.fakes import FakeServer
 
 pytestmark = pytest.mark.django_db
@@ -290,7 +291,7 @@ def test_a_generation_job_publishes_files_stats_and_trains_with_one_click(operat
     assert not config.get("base_adapter")
     assert training.payload["training_data"] == {
         "source": "dataset_path", "path": str(out / "rollouts.jsonl"), "admitted_corpus_sha256": corpus.sha256,
-        "rows": 3, "rollouts": 12}
+        "rows": 3, "rollouts": 12, "groups_with_reward_contrast": groups_with_reward_contrast(corpus.groups)}
 
     # The name is taken now: the error comes back on the page, with the name typed kept.
     again = operator_client.post(f"/ui/training/rollouts/{job.uuid}/train/", {"output_name": "math-r001"})
