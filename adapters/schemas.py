@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from ninja import Schema
+from pydantic import StrictBool
 
 
 class LoadRequest(Schema):
     name: str
-    allow_quarantined: bool = False  # load even though a serving canary quarantined it
+    allow_quarantined: StrictBool = False  # ("yes" is refused, not read as true) load even though a serving canary quarantined it
     reason: str = ""
 
 

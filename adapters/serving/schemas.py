@@ -8,9 +8,17 @@ clients send some of their own.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
 
 from core.contracts.sampling import (
     MAX_SEED,
@@ -61,10 +69,20 @@ class ChatMessage(BaseModel):
         return _unicode_text(value)
 
 
+def _json_integer(value):
+    """An integer field takes a JSON number, never a string ("5") or a boolean (true read as 1)."""
+    if isinstance(value, bool | str):
+        raise ValueError(f"must be a JSON integer, not {'a boolean' if isinstance(value, bool) else 'a string'}")
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+
+
 class ChatTemplateKwargs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    enable_thinking: bool = True
+    enable_thinking: StrictBool = True  # "no" is refused (a template would read it as true)
 
 
 class StreamOptions(BaseModel):
@@ -79,15 +97,15 @@ class ChatCompletionRequest(BaseModel):
 
     model: str = "kiln"
     messages: list[ChatMessage] = Field(min_length=1)
-    n: int = Field(1, ge=1)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)  # u64, like every other seed (core.contracts.sampling)
-    stream: bool = False
+    n: JsonInt = Field(1, ge=1)
+    seed: JsonInt | None = Field(None, ge=0, le=MAX_SEED)  # u64, like every other seed (core.contracts.sampling)
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: JsonInt | None = Field(None, ge=1)
+    max_completion_tokens: JsonInt | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=TEMPERATURE_MAX)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
+    top_k: JsonInt = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     stop: str | list[str] | None = Field(None, validate_default=True)  # always a list once parsed
     presence_penalty: float = Field(0.0, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
@@ -95,14 +113,14 @@ class ChatCompletionRequest(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=REPETITION_PENALTY_MAX)
     adapter: str | None = None  # None: the active adapter (the registry says which); "base": the base model
     chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
-    thinking_budget_tokens: int | None = Field(None, ge=1)
-    thinking_budget_ms: int | None = Field(None, ge=1)  # wall clock of reasoning before </think> is forced
-    rollout_provenance: bool = False
+    thinking_budget_tokens: JsonInt | None = Field(None, ge=1)
+    thinking_budget_ms: JsonInt | None = Field(None, ge=1)  # wall clock of reasoning before </think> is forced
+    rollout_provenance: StrictBool = False
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: JsonInt | None = None
 
     @field_validator("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
     @classmethod

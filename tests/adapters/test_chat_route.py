@@ -105,6 +105,23 @@ def test_stream_options_are_validated(api, worker, options, stream, says):
     assert says in error(send(api, "post", "/v1/chat/completions", body), 422, "validation_error")
 
 
+@pytest.mark.parametrize(("extra", "field", "says"), [
+    ({"max_tokens": "5"}, "max_tokens", "must be a JSON integer, not a string"),
+    ({"max_tokens": True}, "max_tokens", "must be a JSON integer, not a boolean"),  # was read as 1
+    ({"n": "2"}, "n", "not a string"),
+    ({"seed": True}, "seed", "not a boolean"),
+    ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking", "boolean"),
+    ({"rollout_provenance": "false"}, "rollout_provenance", "boolean"),
+    ({"stream": 1}, "stream", "boolean"),
+])
+def test_integers_and_booleans_are_not_coerced_from_other_json_types(api, worker, extra, field, says):
+    """QA: "max_tokens": "5" and true were served (as 5 and 1), and "enable_thinking": "no" read as false
+    (where a chat template would read the string as true)."""
+    message = error(send(api, "post", "/v1/chat/completions", {"messages": HI, **extra}), 422, "validation_error")
+    assert message.startswith(field) and says in message, message
+    assert worker.sent == []
+
+
 @ASGI
 def test_stream_options_reach_the_worker(api, worker):
     body = {"messages": HI, "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}}

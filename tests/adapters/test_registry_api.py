@@ -113,6 +113,11 @@ def test_load_and_unload_record_who_and_why(api, home, peft_adapter):
     error(send(api, "post", "/v1/adapters/load", {"name": "busy"}), 409, "adapter_busy")
     error(send(api, "post", "/v1/adapters/unload", {"name": "busy"}), 409, "adapter_busy")
     error(send(api, "post", "/v1/adapters/load", {}), 422, "validation_error")
+    # "yes" is no boolean (QA: it loaded a quarantined adapter); nothing changes.
+    said = error(send(api, "post", "/v1/adapters/load", {"name": "a1", "allow_quarantined": "yes"}), 422,
+                 "validation_error")
+    assert said.startswith("allow_quarantined")
+    assert len(_history("a1")) == 4
 
 
 def test_in_a_team_activation_needs_the_approve_permission(api, home, peft_adapter, make_client):
