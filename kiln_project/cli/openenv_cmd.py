@@ -98,6 +98,9 @@ def _rollout_args(sub, common) -> None:
     _environment_args(p)
     p.add_argument("--adapter", default="base", help="behavior adapter (base, none or null: the base model)")
     collection_args(p)
+    p.add_argument("--reply-timeout-seconds", type=_positive, default=60, metavar="N",
+                   help="how long one environment reply (reset, step, state) may take; default 60 (a server's "
+                        "runs: [openenv] reply_timeout_secs)")
     p.add_argument("--output", type=Path, default=Path("openenv.rollouts.jsonl"))
     p.add_argument("--replay-output", type=Path, default=Path("openenv.replay.json"))
     p.add_argument("--summary-output", type=Path, default=Path("openenv.rollout-summary.json"))
@@ -308,7 +311,7 @@ def _rollout(args) -> int:
     from openenv.client import OpenEnvError, credentials_for_urls, normalize_url
     from openenv.collector import ChatCompletionPolicy, CollectionConfig, collect_and_publish
     from openenv.collector.config import adapter_name
-    from openenv.collector.diagnosis import invalid_action_warning
+    from openenv.collector.diagnosis import collection_warnings
 
     urls = [normalize_url(url).base_url for url in _urls(args)]
     if args.reset_options is not None and args.environment_reset_options:
@@ -326,7 +329,7 @@ def _rollout(args) -> int:
         capacity_wait_seconds=args.capacity_wait_seconds,
         reset_options=_reset_file(args.reset_options) if args.reset_options is not None else None,
         environment_reset_options=per_environment, output_path=args.output, replay_output_path=args.replay_output,
-        summary_output_path=args.summary_output).check()
+        summary_output_path=args.summary_output, request_timeout_s=float(args.reply_timeout_seconds)).check()
     for path in (config.output_path, config.replay_output_path, config.summary_output_path):
         check_output_path(path)  # before any episode: a device, FIFO or missing folder is refused
     policy = ChatCompletionPolicy(_kiln_post(client), adapter=adapter_name(args.adapter))
@@ -341,18 +344,18 @@ def _rollout(args) -> int:
             bar.close()
     summary = bundle.summary_value
     stats = summary["stats"]
-    warning = invalid_action_warning([json.loads(line) for line in bundle.dataset.splitlines() if line.strip()])
+    warnings = collection_warnings([json.loads(line) for line in bundle.dataset.splitlines() if line.strip()])
     if args.json:
         print_json({"output": summary["output_path"], "replay_output": summary["replay_output_path"],
                     "summary_output": summary["summary_output_path"], "dataset_sha256": summary["dataset_sha256"],
-                    "stats": stats, "warnings": [warning] if warning else []})
+                    "stats": stats, "warnings": warnings})
         return 0
     print(f"wrote {summary['groups']} groups ({summary['rollout_count']} rollouts) to {summary['output_path']}")
     print(f"replay: {summary['replay_output_path']}")
     print(f"summary: {summary['summary_output_path']}")
     returns, episodes = openenv_run_text.stats_lines(stats)
     print(f"return {returns}; {episodes}")
-    if warning:
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
 

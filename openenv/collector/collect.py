@@ -78,12 +78,18 @@ async def _bounded(factories: list[Callable[[], Awaitable]], limit: int) -> list
 
 async def discover(config: CollectionConfig) -> list:
     credentials = config.credentials or [None] * len(config.environment_urls)
-    endpoints = [normalize_url(url) for url in config.environment_urls]
     try:
-        return list(await asyncio.gather(*(inspect(e, credential=c, request_timeout=config.request_timeout_s)
-                                           for e, c in zip(endpoints, credentials, strict=True))))
+        endpoints = [normalize_url(url) for url in config.environment_urls]
     except OpenEnvError as exc:
         raise CollectionError.from_client(exc, stage="discovery") from None
+
+    async def one(endpoint, credential):
+        try:
+            return await inspect(endpoint, credential=credential, request_timeout=config.request_timeout_s)
+        except OpenEnvError as exc:
+            raise CollectionError.from_client(exc, stage="discovery", environment_url=endpoint.base_url) from None
+
+    return list(await asyncio.gather(*(one(e, c) for e, c in zip(endpoints, credentials, strict=True))))
 
 
 def _check_group(group_index: int, results: list[CandidateResult]) -> None:
@@ -136,7 +142,8 @@ async def collect(config: CollectionConfig, policy: Policy, *, on_progress: Prog
                     reset_payload=payload, candidate_index=candidate_index, policy=policy, settings=settings,
                     budget=budget, witness=witness)
             except OpenEnvError as exc:
-                raise CollectionError.from_client(exc, stage="collection") from None
+                raise CollectionError.from_client(exc, stage="collection",
+                                                  environment_url=inspection.endpoint.base_url) from None
             finished += 1
             if on_progress is not None:
                 on_progress(finished, total, f"group {group_index} candidate {candidate_index}")

@@ -1,15 +1,22 @@
-"""Why a collection taught nothing: a warning when most episodes ended at an action Kiln refused.
+"""Why a collection taught nothing: a warning when most episodes ended at an action Kiln refused,
+and one when the environment refused every action most episodes sent.
 
 Pure module: no Django, no torch. An episode whose action cannot be parsed or breaks the action
 schema ends `invalid_model_action` with the protocol-error reward, not the environment's. When that
 is most episodes, every group's rewards are (nearly) all the same and GRPO has nothing to learn, yet
 the numbers alone (`invalid 18`, `mean return -0.8`) do not say why. `invalid_action_warning(groups)`
-names the harness error codes, one refusal's own message, and what to try; the CLI prints it
-and a persisted run lists it among its warnings.
+names the harness error codes, one refusal's own message, and what to try.
+
+The other way round, an environment whose `step` refuses actions its own published schema accepts
+(Kiln validated them before sending) answers every action with a recoverable error: the episodes
+end `protocol_error` or run out of steps, every return is the same sum of protocol-error rewards,
+and the model is blameless. `environment_refusal_warning(groups)` says so. `collection_warnings`
+gives both; the CLI prints them and a persisted run lists them among its warnings.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from openenv.collector.selection import harness_error
@@ -38,7 +45,55 @@ def invalid_action_warning(groups: list[dict]) -> str | None:
     example = next(str(e.get("message") or "") for e in errors if str(e.get("code")) == common)
     counted = ", ".join(f"{code} {count}" for code, count in codes.most_common())
     advice = ADVICE.get(common, "the policy's replies were refused")
+    groups_left = "no group has" if len(refused) == len(completions) else "most groups have"
+    try_next = ("check the model can follow the action schema (`kiln openenv inspect URL` shows it); a small "
+                "model may not manage fields that hold a list, an object or a nested model"
+                if common == "ACTION_SCHEMA_VALIDATION_FAILED" else
+                "check the model can follow the action schema (`kiln openenv inspect URL` shows it), or try "
+                "--thinking the other way")
     return (f"{len(refused)} of {len(completions)} episodes ended at an action Kiln refused ({counted}; e.g. "
             f"{example[:160] or common}): {advice}. Those episodes score the protocol-error reward, not the "
-            "environment's, so most groups have nothing to learn from; check the model can follow the action "
-            "schema (`kiln openenv inspect URL` shows it), or try --thinking the other way")
+            f"environment's, so {groups_left} anything to learn from; {try_next}")
+
+
+def _environment_errors(completion: dict) -> tuple[int, list[dict]]:
+    """(actions the episode sent, the environment's error for each one it refused)."""
+    actions, errors = 0, []
+    for segment in completion.get("trajectory") or []:
+        if segment.get("kind") == "action":
+            actions += 1
+            continue
+        try:
+            value = json.loads(segment.get("content") or "")
+        except ValueError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("openenv_error"), dict):
+            errors.append(value["openenv_error"])
+    return actions, errors
+
+
+def environment_refusal_warning(groups: list[dict]) -> str | None:
+    """One line when at least WARN_AT_SHARE of the episodes had every action they sent refused by the
+    environment's `step` (a recoverable protocol error each time); None otherwise."""
+    completions = [c for group in groups for c in group.get("completions") or []]
+    refused = []
+    for completion in completions:
+        actions, errors = _environment_errors(completion)
+        if actions and len(errors) >= actions:
+            refused.append(errors)
+    if not completions or len(refused) < WARN_AT_SHARE * len(completions):
+        return None
+    errors = [error for episode in refused for error in episode]
+    codes = Counter(str(error.get("code") or "UNKNOWN") for error in errors)
+    common = codes.most_common(1)[0][0]
+    example = next(str(e.get("message") or "") for e in errors if str(e.get("code") or "UNKNOWN") == common)
+    counted = ", ".join(f"{code} {count}" for code, count in codes.most_common())
+    return (f"in {len(refused)} of {len(completions)} episodes the environment refused every action ({counted}; e.g. "
+            f"{example[:160] or common}). Kiln checked each of them against the action schema the environment "
+            "publishes before sending it, so its step accepts something else than its /schema says (or fails "
+            "for its own reasons): the returns are protocol-error rewards, not the environment's; fix the "
+            "environment (`kiln openenv inspect URL` shows the schema it publishes)")
+
+
+def collection_warnings(groups: list[dict]) -> list[str]:
+    return [w for w in (invalid_action_warning(groups), environment_refusal_warning(groups)) if w]

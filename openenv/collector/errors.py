@@ -148,11 +148,15 @@ class CollectionError(OpenEnvError):
             self.retryable = retryable
 
     @classmethod
-    def from_client(cls, exc: OpenEnvError, *, stage: str) -> CollectionError:
-        """A client error (discovery, session, capacity) as the failure of a collection stage."""
+    def from_client(cls, exc: OpenEnvError, *, stage: str, environment_url: str | None = None) -> CollectionError:
+        """A client error (discovery, session, capacity) as the failure of a collection stage; with
+        `environment_url`, the message names the environment (with several, which one went away)."""
         if isinstance(exc, CollectionError):
             return exc
-        return cls(exc.code, exc.message, stage=stage, failure_code=exc.failure_code or "environment_protocol_error",
+        message = exc.message
+        if environment_url and environment_url not in message:
+            message = f"environment {environment_url}: {message}"
+        return cls(exc.code, message, stage=stage, failure_code=exc.failure_code or "environment_protocol_error",
                    retryable=exc.retryable, hint=exc.hint, protocol_code=exc.protocol_code,
                    http_status=exc.http_status)
 

@@ -26,12 +26,14 @@ import re
 import threading
 from pathlib import Path
 
+from django.conf import settings
+
 from core.canonical import sha256_digest
 from core.errors import KilnError
 from openenv.collector import ChatCompletionPolicy, CollectionError
 from openenv.collector.collect import collect, discover, publish
 from openenv.collector.config import adapter_name
-from openenv.collector.diagnosis import invalid_action_warning
+from openenv.collector.diagnosis import collection_warnings
 from openenv.collector.errors import policy_refusal_hint
 from openenv.models import COLLECTION_STATES, OpenEnvRun, RunState
 from openenv.runs import services
@@ -265,7 +267,8 @@ def _execute(ctx, run: OpenEnvRun) -> dict:
         _fail(run, services.failure("artifact_publication_failed", "artifact_publication",
                                     f"cannot create the run directory {directory}: {exc}"))
     services.run_transition(run, from_states=[RunState.DISCOVERING], run_dir=str(directory))
-    config = collection_config(run.request, directory, credentials=run_credentials(run, "discovery"))
+    config = collection_config(run.request, directory, credentials=run_credentials(run, "discovery"),
+                               reply_timeout_s=settings.KILN.openenv_reply_timeout_secs)
     train = run.kind == "train"
     if train:
         _seal_behavior(run, directory)
@@ -352,13 +355,13 @@ def _publish(run: OpenEnvRun, bundle, directory: Path, ctx) -> dict:
     from core.contracts.groups import admit_jsonl
 
     groups = admit_jsonl(bundle.dataset).groups
-    warning = invalid_action_warning(groups)
+    warnings = collection_warnings(groups)
     if not services.run_transition(run, from_states=COLLECTION_STATES, unless_cancel_requested=True,
                                    state=RunState.SUBMITTING if train else RunState.ROLLOUT_READY,
                                    stage="training_submission" if train else "artifact_publication",
                                    artifacts=artifacts, progress=progress, environments=environments,
                                    rollout_stats=summary["stats"],
-                                   warnings=list(run.warnings or []) + ([warning] if warning else [])):
+                                   warnings=list(run.warnings or []) + warnings):
         if run.cancel_requested and run.state in COLLECTION_STATES:  # asked for while the files were written
             _end_stopped(run, "cancel", ctx)
         raise KilnError("openenv_run_state_changed", f"run {run.id} became {run.state} during publication")

@@ -1,9 +1,14 @@
-"""The collection's warning when most episodes ended at an action Kiln refused (openenv.collector.diagnosis)."""
+"""The collection's warnings (openenv.collector.diagnosis): most episodes ended at an action Kiln refused, or
+the environment refused every action most episodes sent."""
 
 from __future__ import annotations
 
-from openenv.collector.diagnosis import invalid_action_warning
-from openenv.collector.prompts import harness_error_segment, observation_segment
+from openenv.collector.diagnosis import (
+    collection_warnings,
+    environment_refusal_warning,
+    invalid_action_warning,
+)
+from openenv.collector.prompts import harness_error_segment, observation_segment, protocol_error_segment
 
 
 def completion(termination: str, code: str | None = None, message: str = "") -> dict:
@@ -47,3 +52,41 @@ def test_exactly_half_warns_and_each_code_has_its_advice():
     assert warning.startswith("1 of 2 episodes") and "--max-action-tokens" in warning
     unknown = invalid_action_warning(groups_of(completion("invalid_model_action")))
     assert "(UNKNOWN 1; e.g. UNKNOWN)" in unknown and "were refused" in unknown
+
+
+def test_all_refused_says_no_group_and_a_schema_miss_does_not_suggest_thinking():
+    """QA: a list[int] action the demo model cannot write got "most groups" and "try --thinking", which
+    its docs measured not to help."""
+    warning = invalid_action_warning(groups_of(*[completion("invalid_model_action", *SCHEMA)] * 4))
+    assert "so no group has anything to learn from" in warning
+    assert "--thinking" not in warning and "a list, an object or a nested model" in warning
+    unparsed = invalid_action_warning(groups_of(completion("invalid_model_action", "INVALID_MODEL_ACTION", "no")))
+    assert "--thinking the other way" in unparsed
+
+
+def refused_by_the_environment(steps: int, refused: int) -> dict:
+    """An episode of `steps` actions, the first `refused` of them answered with a recoverable error."""
+    trajectory = []
+    for step in range(steps):
+        trajectory.append({"role": "assistant", "content": '{"n": 0}', "kind": "action"})
+        if step < refused:
+            trajectory.append(protocol_error_segment(
+                {"code": "VALIDATION_ERROR", "message": "missing word; extra_forbidden n"}, recoverable=True,
+                done=step == steps - 1))
+        else:
+            trajectory.append(observation_segment("ok"))
+    return {"text": "", "reward": -3.0, "trajectory": trajectory, "openenv": {"termination": "protocol_error"}}
+
+
+def test_an_environment_that_refuses_every_valid_action_is_named_not_the_model():
+    """QA: a server whose /schema says {"n": int} but whose step wants {"word": str} completed with no
+    diagnosis (return -3 everywhere, every group skipped)."""
+    groups = groups_of(*[refused_by_the_environment(3, 3)] * 3, refused_by_the_environment(3, 1))
+    warning = environment_refusal_warning(groups)
+    assert warning.startswith("in 3 of 4 episodes the environment refused every action (VALIDATION_ERROR 9; "
+                              "e.g. missing word; extra_forbidden n)")
+    assert "its /schema says" in warning and "kiln openenv inspect URL" in warning
+    assert collection_warnings(groups) == [warning]  # Kiln refused none of these actions itself
+    assert environment_refusal_warning(groups_of(refused_by_the_environment(3, 1),
+                                                 refused_by_the_environment(2, 0))) is None
+    assert environment_refusal_warning(groups_of(completion("done"), completion("done"))) is None

@@ -95,7 +95,9 @@ def test_a_failure_before_any_episode_is_not_called_an_interruption(tmp_path, ca
         code = main(["openenv", "rollout", server.url, "--output", str(tmp_path / "o.jsonl")])
     assert code == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: openenv_unavailable: GET /health answered HTTP 503")
+    # the environment is named: with several URLs, the one that failed (QA)
+    assert err.startswith(f"error: openenv_unavailable: environment {server.url.rstrip('/')}: GET /health answered "
+                          "HTTP 503")
     assert "interrupted" not in err
 
 
@@ -115,3 +117,32 @@ def test_a_failed_final_check_says_every_episode_ran_and_nothing_was_written():
     changed = CollectionError("environment_identity_changed", "x changed during the collection (a); nothing was "
                               "published", stage="identity_verification", hint="collect again")
     assert interrupted_error(changed, tally).message == changed.message  # it already says so
+
+
+def test_with_several_environments_the_error_names_the_one_that_died(tmp_path, monkeypatch, capsys):
+    """QA: with three URLs and one killed, the failure said `GET /health failed: ConnectError` and no URL."""
+    out = tmp_path / "r.jsonl"
+    with FakeServer() as alive, FakeServer() as dying:
+        _dying_model(monkeypatch, dying, stop_at_episode=3)  # group 1 runs on the second URL
+        code = main(["openenv", "rollout", "--environment", alive.url, "--environment", dying.url, "--groups", "2", "--group-size", "2",
+                     "--concurrency", "1", "--max-steps", "3", "--output", str(out)])
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert f"environment {dying.url.rstrip('/')}: " in err and alive.url.rstrip("/") not in err, err
+    assert not out.exists()
+
+
+def test_the_reply_timeout_is_the_rollouts_to_set(tmp_path, capsys):
+    """QA: a reset slower than 60 s could not be waited for; --reply-timeout-seconds sets the wait."""
+
+    async def never_answers(server, ws):
+        while await server.recv(ws) is not None:
+            pass
+
+    with FakeServer(ws_handler=never_answers) as server:
+        code = main(["openenv", "rollout", server.url, "--groups", "1", "--group-size", "1",
+                     "--reply-timeout-seconds", "1", "--output", str(tmp_path / "o.jsonl")])
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert "openenv_timeout" in err and "reset got no reply within 1 s" in err, err
+    assert "--reply-timeout-seconds" in err  # the hint says how to allow longer
