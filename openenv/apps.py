@@ -26,11 +26,16 @@ class OpenEnvConfig(AppConfig):
 
         register_families()  # the kiln_openenv_* families of GET /metrics
 
+        # A run's failure (its stage, whether a retry may work, what to do) is recorded on the run itself.
+        run_hint = ("the OpenEnv run's status holds the failure's stage and what to do about it: kiln openenv "
+                    "status RUN_ID (the job's payload names run_id), or the run's card under /ui/training/openenv/")
         register_job_kind(JobKind(name="openenv.run", queue="control", handler="openenv.runs.jobs:run_openenv_job",
-                                  category="openenv", on_unsuccessful="openenv.runs.services:run_job_unsuccessful"))
+                                  category="openenv", on_unsuccessful="openenv.runs.services:run_job_unsuccessful",
+                                  default_error_hint=run_hint))
         # A train run's environment evaluation (after its training and post-eval): its own control job.
         register_job_kind(JobKind(name="openenv.environment_eval", queue="control",
                                   handler="openenv.training.evaluation:run_environment_eval_job", category="openenv",
-                                  on_unsuccessful="openenv.runs.services:run_job_unsuccessful"))
+                                  on_unsuccessful="openenv.runs.services:run_job_unsuccessful",
+                                  default_error_hint=run_hint))
         # A train run follows its training job and that job's post-eval as they change (any process).
         post_save.connect(on_job_event, sender=JobEvent, dispatch_uid="openenv.training.follow")

@@ -71,5 +71,6 @@ def job_error(job) -> dict | None:
         return None
     kind = get_job_kind(job.kind)
     hint = ((kind.error_hint(job.error_code) if kind is not None else None) or JOB_ERROR_HINTS.get(job.error_code)
+            or (kind.default_error_hint if kind is not None else "")
             or "see the job's events (kiln jobs show ID) for what happened")
     return {"code": job.error_code, "message": job.error_message, "hint": hint}

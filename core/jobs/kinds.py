@@ -42,6 +42,9 @@ class JobKind:
     # Optional ((error code, hint), ...): what to do about this kind's failure where it differs from
     # the generic hint in core.jobs.error_hints (e.g. only a training run resumes from a checkpoint).
     error_hints: tuple[tuple[str, str], ...] = ()
+    # The hint for any other failure of this kind, where the generic one ("see the job's events") is
+    # less than the kind knows (an OpenEnv run's own status holds the failure's stage and hint).
+    default_error_hint: str = ""
 
     def load_handler(self) -> Callable:
         return _load(self.handler)

@@ -259,3 +259,18 @@ def test_another_users_run_is_not_theirs_to_cancel(api, home):
     run.refresh_from_db()
     assert not run.is_terminal and not run.cancel_requested
     assert services.run_cancel(run=run, user=run.submitted_by).state == RunState.CANCELLED
+
+
+def test_a_failed_run_jobs_error_points_at_the_run_for_its_hint():
+    """QA: the job page of a failed run said only "see the job's events", which repeat the message; the
+    run's own status holds the stage and the hint. Codes the job table knows keep their own hint."""
+    from core.jobs.error_hints import JOB_ERROR_HINTS, job_error
+
+    failed = Job.objects.create(kind="openenv.run", queue="control", state=JobState.FAILED,
+                                error_code="environment_unavailable", error_message="GET /health failed")
+    assert job_error(failed)["hint"].startswith("the OpenEnv run's status holds the failure's stage")
+    assert "kiln openenv status RUN_ID" in job_error(failed)["hint"]
+    known = Job.objects.create(kind="openenv.run", queue="control", state=JobState.FAILED, error_code="zero_groups")
+    assert job_error(known)["hint"] == JOB_ERROR_HINTS["zero_groups"]
+    other = Job.objects.create(kind="test.steps", queue="gpu", state=JobState.FAILED, error_code="whatever")
+    assert job_error(other)["hint"] == "see the job's events (kiln jobs show ID) for what happened"
