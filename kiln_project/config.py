@@ -44,7 +44,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...]] = {
     "jobs": ("max_queued_jobs",),
     "training": ("max_queued_jobs", "checkpoint_interval", "dataset_roots", "defaults", "memory_budget_mib"),
     "openenv": ("enabled", "allow_remote_environments", "max_active_runs", "max_tracked_runs",
-                "tracked_run_ttl_secs", "credentials"),
+                "tracked_run_ttl_secs", "credentials", "reply_timeout_secs"),
     "promotion": ("require_approval", "allow_self_approval", "max_kl_to_reference", "min_length_ratio",
                   "max_length_ratio"),
     "sampler": ("max_batch_size",),
@@ -84,6 +84,9 @@ class KilnConfig:
     openenv_max_active_runs: int = 4
     openenv_max_tracked_runs: int = 128
     openenv_tracked_run_ttl_secs: int = 604800
+    # [openenv] reply_timeout_secs: how long a persisted run waits for one environment reply (a reset,
+    # a step, a state) before it fails openenv_timeout; the CLI's --reply-timeout-seconds.
+    openenv_reply_timeout_secs: int = 60
     # [openenv.credentials.<id>] origin = "https://host[:port]", bearer_token_env = "VAR" (or
     # KILN_OPENENV_CREDENTIALS, a JSON object of the same tables, which replaces them): the handles a
     # request's credential_ids may name. The token itself is read from VAR by the process that
@@ -410,7 +413,8 @@ def _openenv_credentials(env: dict, openenv_toml: dict) -> dict:
 def _openenv_runs(env: dict, table: dict) -> dict:
     """[openenv] enabled and the run admission bounds (KILN_OPENENV_<KEY> wins over kiln.toml)."""
     out: dict = {"openenv_enabled": _bool_setting(env, "KILN_OPENENV_ENABLED", table, "[openenv]", "enabled", True)}
-    for key, default in (("max_active_runs", 4), ("max_tracked_runs", 128), ("tracked_run_ttl_secs", 604800)):
+    for key, default in (("max_active_runs", 4), ("max_tracked_runs", 128), ("tracked_run_ttl_secs", 604800),
+                         ("reply_timeout_secs", 60)):
         out[f"openenv_{key}"] = _int_setting(env, f"KILN_OPENENV_{key.upper()}", table, "[openenv]", key, default, 1)
     return out
 

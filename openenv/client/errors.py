@@ -157,8 +157,10 @@ class OpenEnvTimeout(OpenEnvSessionPoisoned):
     failure_code = FAILURE_UNAVAILABLE
     retryable = True
     default_hint = ("the environment took longer than Kiln waits for one reply (the message says how long): check "
-                    "its logs for a blocked or slow reset, step or state; the episode cannot continue on this "
-                    "socket, and actions are never resent")
+                    "its logs for a blocked or slow reset, step or state, or allow longer (kiln openenv rollout "
+                    "--reply-timeout-seconds N; a server's runs: [openenv] reply_timeout_secs or "
+                    "KILN_OPENENV_REPLY_TIMEOUT_SECS); the episode cannot continue on this socket, and actions are "
+                    "never resent")
 
 
 # Close codes (RFC 6455 §7.4) that say the peer went away or cannot serve now, as does a socket that

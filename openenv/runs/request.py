@@ -250,8 +250,11 @@ def request_digest(request: dict) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def collection_config(request: dict, run_dir: Path, *, credentials=None, kiln_url: str = "in-cluster") -> CollectionConfig:
-    """The collector's typed configuration for a normalized request, writing into `run_dir`."""
+def collection_config(request: dict, run_dir: Path, *, credentials=None, kiln_url: str = "in-cluster",
+                      reply_timeout_s: float = 60.0) -> CollectionConfig:
+    """The collector's typed configuration for a normalized request, writing into `run_dir`;
+    `reply_timeout_s` is how long one environment reply may take (the server's [openenv]
+    reply_timeout_secs: an operator's setting, not the run's contract)."""
     run_dir = Path(run_dir)
     return CollectionConfig(
         environment_urls=list(request["environment_urls"]), credentials=credentials, kiln_url=kiln_url,
@@ -265,4 +268,4 @@ def collection_config(request: dict, run_dir: Path, *, credentials=None, kiln_ur
         reset_options=None if request["environment_reset_options"] is not None else request["reset_options"],
         environment_reset_options=request["environment_reset_options"],
         output_path=run_dir / "rollouts.jsonl", replay_output_path=run_dir / "replay.json",
-        summary_output_path=run_dir / "summary.json").check()
+        summary_output_path=run_dir / "summary.json", request_timeout_s=float(reply_timeout_s)).check()

@@ -27,6 +27,7 @@ Imports no torch.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
@@ -214,7 +215,8 @@ def _evaluate(ctx, run: OpenEnvRun) -> dict:
         (run.training_contract or {}).get("behavior_policy")
     try:
         result = run_environment_eval(
-            base=collection_config(request, directory, credentials=run_credentials(run, STAGE)), plan=plan,
+            base=collection_config(request, directory, credentials=run_credentials(run, STAGE),
+                                   reply_timeout_s=settings.KILN.openenv_reply_timeout_secs), plan=plan,
             baseline=baseline, candidate=candidate,
             out_dir=directory / OUT_DIR, policy_factory=factory, expected_behavior=expected,
             should_stop=ctx.should_stop, on_progress=_Persist(run))

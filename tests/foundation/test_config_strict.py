@@ -83,6 +83,24 @@ def test_numbers_in_range_are_kept(tmp_path):
         65535, 1024, 1, 1)
 
 
+def test_the_openenv_reply_timeout_is_an_operators_setting(tmp_path):
+    """QA: an environment whose reset takes over a minute could not be used (60 s, fixed)."""
+    from openenv.runs.request import collection_config
+
+    assert _load(tmp_path, "").openenv_reply_timeout_secs == 60
+    assert _load(tmp_path, "[openenv]\nreply_timeout_secs = 300\n").openenv_reply_timeout_secs == 300
+    assert _load(tmp_path, "[openenv]\nreply_timeout_secs = 300\n",
+                 KILN_OPENENV_REPLY_TIMEOUT_SECS="900").openenv_reply_timeout_secs == 900
+    assert _refused(tmp_path, "[openenv]\nreply_timeout_secs = 0\n") == \
+        "[openenv] reply_timeout_secs must be an integer of at least 1, not 0"
+    request = {"environment_urls": ["http://127.0.0.1:9"], "adapter": None, "groups": 1, "group_size": 2,
+               "seed_start": 0, "max_steps": 2, "concurrency": 1, "max_action_tokens": 32, "temperature": 1.0,
+               "thinking": False, "thinking_budget_tokens": None, "protocol_error_reward": -1.0,
+               "max_recoverable_errors": 3, "capacity_wait_seconds": 5.0, "reset_options": None,
+               "environment_reset_options": None}
+    assert collection_config(request, tmp_path, reply_timeout_s=300).request_timeout_s == 300.0
+
+
 # ---- 3. names: the spec's [training] keys, unknown keys, tables -------------------------------------------
 
 def test_the_specs_training_max_queued_jobs_and_its_jobs_alias(tmp_path):
