@@ -10,7 +10,15 @@ from pathlib import Path
 import httpx
 
 from kiln_project.cli.adapters_verify_cmd import add_verify_parser, run_verify
-from kiln_project.cli.client import CliError, KilnClient, adapter_name_arg, api_path, raise_for_stream_error
+from kiln_project.cli.client import (
+    CliError,
+    KilnClient,
+    adapter_name_arg,
+    api_path,
+    not_kiln,
+    raise_for_stream_error,
+    require_fields,
+)
 from kiln_project.cli.output import check_output_path, print_json, print_table
 
 TRANSFER_TIMEOUT = 600.0  # uploads and downloads of large adapters
@@ -85,6 +93,8 @@ def _download(client: KilnClient, name: str, output: Path) -> dict:
     try:
         with client._http.stream("GET", api_path("/v1/adapters", name, "download"), timeout=TRANSFER_TIMEOUT) as response:
             raise_for_stream_error(response)
+            if "x-kiln-content-sha256" not in response.headers:  # Kiln always sends it: another server answered
+                raise not_kiln(response, client.url)
             size = 0
             with open(partial, "wb") as fh:
                 for chunk in response.iter_bytes():
@@ -114,7 +124,8 @@ def run(args) -> int:
         print_json(adapters) if args.json else _print_list(adapters)
         return 0
     if command == "show":
-        detail = client.get(api_path("/v1/adapters", args.name, "detail"))
+        detail = require_fields(client.get(api_path("/v1/adapters", args.name, "detail")), "name", "status",
+                                url=client.url)
         print_json(detail) if args.json else _print_detail(detail)
         return 0
     if command == "download":

@@ -173,6 +173,20 @@ def check_token(token: str, source: str) -> None:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # server text is not allowed to drive the terminal
 
 
+# The server whose 2xx JSON answer this process last read: a command that then finds the answer is not
+# the shape Kiln sends (a KeyError or TypeError while it prints it) names that server (cli.main).
+last_answered_by: str | None = None
+
+
+def require_fields(answer, *fields: str, url: str):
+    """`answer` when it is an object with `fields` (what Kiln's API always sends), else the one line
+    `unexpected_answer`: for a command that reads the answer with defaults and would print nothing."""
+    if isinstance(answer, dict) and all(field in answer for field in fields):
+        return answer
+    raise CliError("unexpected_answer", f"the answer from {url} is not what Kiln's API sends (no "
+                   f"{', '.join(fields)})", "check --url or KILN_URL names a Kiln server of this version")
+
+
 def _content_type(response) -> str:
     kind = (response.headers.get("content-type") or "").split(";", 1)[0].strip()
     return _CONTROL.sub("?", kind)[:100] or "no content type"
@@ -325,9 +339,12 @@ class KilnClient:
         if not response.content:
             return None, response.status_code
         try:
-            return response.json(), response.status_code
+            data = response.json()
         except ValueError:
             raise not_kiln(response, self.url) from None
+        global last_answered_by
+        last_answered_by = self.url
+        return data, response.status_code
 
     def get(self, path: str, **kwargs):
         return self.request("GET", path, **kwargs)

@@ -113,6 +113,15 @@ def unexpected_error(exc: Exception) -> CliError:
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""
         return CliError("os_error", f"{exc.strerror or exc}{where}", "check the path and its permissions")
+    from kiln_project.cli import client
+
+    if isinstance(exc, KeyError | TypeError) and client.last_answered_by:
+        # A 2xx JSON answer without the fields Kiln's API sends: a wrong --url that answers JSON, or a
+        # server of another version. (A bug of the command itself would read the same; the text says which.)
+        return CliError("unexpected_answer", f"the answer from {client.last_answered_by} is not what Kiln's API "
+                        f"sends ({_one_line(f'{type(exc).__name__}: {exc}')})",
+                        "check --url or KILN_URL names a Kiln server of this version; set KILN_DEBUG=1 to see the "
+                        "traceback")
     # one line even for a multi-line message (a database error's DETAIL line, say)
     return CliError("unexpected_error", _one_line(f"{type(exc).__name__}: {exc}"),
                     "set KILN_DEBUG=1 to see the traceback, and report it")
