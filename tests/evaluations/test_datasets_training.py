@@ -11,9 +11,9 @@ import pytest
 from core.canonical import sha256_digest
 from core.contracts.groups import admit_groups
 from core.jobs.models import Job
-from training.reward_contrast import groups_with_reward_contrast
 from tests.evaluations import dataset_support
 from tests.evaluations.dataset_support import error, group, jsonl, ok, send, upload
+from training.reward_contrast import groups_with_reward_contrast
 
 pytestmark = pytest.mark.django_db
 api, home = dataset_support.api, dataset_support.home  # the shared fixtures

@@ -25,8 +25,8 @@ from core.errors import KilnError
 from core.jobs import fragments, runner
 from core.jobs.models import Job, JobState
 from evaluations.models import Scorer
-from training.reward_contrast import groups_with_reward_contrast
 from tests.rollouts.fakes import FakeServer
+from training.reward_contrast import groups_with_reward_contrast
 
 pytestmark = pytest.mark.django_db
 
