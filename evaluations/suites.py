@@ -42,6 +42,9 @@ class SuiteError(ValueError):
 
 
 def check_name(name, field: str = "name") -> str:
+    if name is None:
+        raise SuiteError(field, "is required: a name of letters, digits, '.', '_' and '-' (at most 64, starting "
+                                "with a letter or digit)")
     if not is_valid_name(name):
         raise SuiteError(field, f"{name!r} is not a valid name: use letters, digits, '.', '_' and '-' "
                                 "(at most 64, starting with a letter or digit)")

@@ -44,11 +44,18 @@ def _unicode_text(value):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant", "tool"]
+    # "developer" is OpenAI's newer name for the system role (its SDK sends it for some models): the
+    # chat template knows "system", so it is read as that.
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     reasoning_content: str | None = None
     name: str | None = None
     tool_call_id: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _developer_is_system(cls, value: str) -> str:
+        return "system" if value == "developer" else value
 
     @field_validator("content")
     @classmethod

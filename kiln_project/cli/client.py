@@ -116,7 +116,8 @@ def job_id_arg(value: str, what: str = "job") -> str:
     try:
         return str(uuid.UUID(str(value).strip()))
     except (ValueError, AttributeError):
-        raise CliError("invalid_job_id", f"{str(value)[:100]!r} is not a {what} id (ids are UUIDs such as "
+        article = "an" if what[:1] in "aeiou" else "a"
+        raise CliError("invalid_job_id", f"{str(value)[:100]!r} is not {article} {what} id (ids are UUIDs such as "
                        "3f1f8c5e-0000-4000-8000-000000000000)",
                        f"list {what}s and their ids with: {_LISTINGS.get(what, 'kiln jobs list')}") from None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from kiln_project.cli.client import KilnClient
+from kiln_project.cli.client import CliError, KilnClient
 from kiln_project.cli.output import print_json
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -33,10 +33,14 @@ def samples(text: str) -> list[dict]:
 
 def run(args) -> int:
     text = KilnClient(args.url).text("/metrics", content_type="text/plain")
+    wanted = [line for line in text.splitlines()
+              if line.removeprefix("# HELP ").removeprefix("# TYPE ").startswith(args.family)]
+    if args.family and not wanted:  # a misspelt family printed nothing and exited 0
+        families = sorted({line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")})
+        raise CliError("metric_family_not_found", f"no metric family starts with {args.family!r}",
+                       f"the families: {', '.join(families[:8])}{', ...' if len(families) > 8 else ''}")
     if args.json:
         print_json([s for s in samples(text) if s["name"].startswith(args.family)])
         return 0
-    wanted = [line for line in text.splitlines()
-              if line.removeprefix("# HELP ").removeprefix("# TYPE ").startswith(args.family)]
     print("\n".join(wanted))
     return 0

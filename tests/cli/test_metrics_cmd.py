@@ -51,6 +51,12 @@ def test_kiln_metrics_prints_the_exposition_a_family_or_json(api, monkeypatch, c
         {"name": "kiln_openenv_runs_total", "labels": {"status": "accepted"}, "value": 2.0},
         {"name": "kiln_openenv_runs_total", "labels": {"status": "idempotent_replay"}, "value": 0.0}]
 
+    # A misspelt family printed nothing and exited 0 (QA): refused, naming some that exist.
+    code, out, err = run_cli(capsys, "metrics", "--family", "kiln_nope")
+    assert code == 1 and out == ""
+    assert err.startswith("error: metric_family_not_found: no metric family starts with 'kiln_nope' (hint: the "
+                          "families: ") and "kiln_" in err.split("the families: ")[1]
+
 
 def test_kiln_metrics_without_credentials_is_one_line_and_fails(monkeypatch, capsys):
     serve_commands(monkeypatch, (metrics_cmd,), _through(Client()))

@@ -83,10 +83,11 @@ def test_delete_and_not_found(api, home):
     (_suite(scorer={"type": "program", "scorer": "never-registered"}), "scorer.scorer"),
     (_suite(scorer={"type": "exact", "tolerance": 1}), "scorer.tolerance"),
     (_suite(description=5), "description"),
+    ({"scorer": {"type": "exact"}, "examples": EXAMPLES}, "name"),
 ])
 def test_bad_suites_name_the_field_and_store_nothing(api, home, body, field):
     message = error(send(api, "post", "/v1/eval/suites", body), 400, "eval_invalid_request")
-    assert message.startswith(f"{field}:"), message
+    assert message.startswith(f"{field}:") and "None" not in message, message  # a missing name: "is required"
     assert not EvalSuite.objects.exists()
     assert not (home / "adapters" / ".eval" / "suites").exists() or \
         list((home / "adapters" / ".eval" / "suites").iterdir()) == []
