@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -133,17 +134,34 @@ def adapter_publish(*, name: str, path: Path, content_sha256: str, base_model_sh
 def adapter_release(*, name: str, reason: str = "") -> None:
     """Forget a reservation whose job failed or was cancelled, so the name can be used again.
 
-    Publication is atomic (hidden sibling, then rename), so a failed job left no adapter files."""
+    The trainer writes the adapter folder atomically (hidden sibling, then rename) before the
+    registry publishes it, so a job stopped between the two (killed, cancelled, or its publication
+    refused) leaves a complete folder no registry row lists, which would hold the name for good
+    (check_output_name_free) and block the resume its error offers. The reservation owned that name,
+    so its folder goes with it (the checkpoints, a resume point, stay)."""
     with transaction.atomic():
         adapter = Adapter.objects.select_related("training_job").filter(name=name, state=AdapterState.WRITING).first()
         if adapter is None:
             return
         job = adapter.training_job
+        _retire_unpublished_folder(name)
         adapter.delete()
         transition_record(name=name, from_state=AdapterStatus.WRITING, to_state=AdapterStatus.FAILED, job=job,
                           actor=job.submitted_by if job is not None else None,
                           reason=reason or (f"training job {job.uuid} ended {job.state} without publishing"
                                             if job is not None else "released without publishing"))
+
+
+def _retire_unpublished_folder(name: str) -> None:
+    """Move `<adapters>/<name>` (written, never registered) out of the way, then remove it; a crash
+    between the two leaves a hidden `.retired` entry that startup clean-up removes."""
+    folder = settings.KILN.layout.adapters / name
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    retired = hidden_sibling(folder, "retired")
+    os.rename(folder, retired)
+    shutil.rmtree(retired, ignore_errors=True)
+    log.warning("removed the unpublished output folder of adapter %r (its job ended without publishing)", name)
 
 
 def adapter_demote(*, name: str, actor=None, reason: str = "", job=None) -> Path | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -176,8 +175,8 @@ def run_grpo_job(ctx) -> dict:
             ctx.begin_publishing()  # a cancel that came while the last step ran stops it here
             adapter, activation, post_eval_job = _publish(ctx, payload, result, content_digest, smoke_passed)
     except JobCancelled:
-        # Never registered, so never served: the folder goes; the checkpoints stay (a resume point).
-        shutil.rmtree(result.adapter_path, ignore_errors=True)
+        # Never registered, so never served: releasing the reservation removes the folder
+        # (adapters.services.adapter_release); the checkpoints stay, a resume point.
         ctx.log("cancelled after the last step, before publication: nothing was published",
                 {"checkpoint": summary["latest_checkpoint"]})
         raise

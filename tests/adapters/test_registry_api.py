@@ -297,3 +297,27 @@ def test_anonymous_loopback_access_is_no_approver_in_a_team(api, home, peft_adap
     make_client("second", can_approve=False)  # a team now: promotions need approval
     error(send(anonymous, "post", "/v1/adapters/load", {"name": "a1"}), 403, "activation_needs_approval")
     assert not Adapter.objects.get(name="a1").loaded
+
+
+def test_a_released_reservation_takes_its_unpublished_folder_with_it(home, peft_adapter):
+    """QA: the GPU worker killed after the trainer wrote `adapters/<name>/` but before the registry
+    published it left a complete folder no row lists: every resubmission and the resume its error
+    offers answered 409 adapter_revision_conflict, restarts never removed it, and `kiln adapters
+    delete` said adapter_not_found. The job's failure releases the name and the folder; its
+    checkpoint (the resume point) stays."""
+    import shutil
+
+    from adapters.services import check_output_name_free
+
+    job = _job(state="failed")
+    adapter_reserve(name="k2", job=job)
+    written = home / "adapters" / "k2"
+    shutil.copytree(peft_adapter, written)  # what the trainer's atomic rename leaves before publication
+    checkpoint = home / "adapters" / "k2-checkpoint-step-140.kiln-checkpoint"
+    checkpoint.mkdir()
+    adapter_release(name="k2")  # the training kind's on_unsuccessful hook (training.hooks)
+    assert not written.exists() and checkpoint.is_dir()
+    assert not [p for p in (home / "adapters").iterdir() if p.name.startswith(".k2.")]  # nothing retired is left
+    assert not Adapter.objects.filter(name="k2").exists()
+    check_output_name_free("k2")  # a resubmission or the resume is admitted again
+    assert _history("k2")[-1][:2] == ("writing", "failed")
