@@ -153,7 +153,11 @@ def _pin_suite(parsed: dict, *, source: str, source_suite_hash: str, examples: l
                 "scorer": parsed["scorer"], "examples": examples, "suite_hash": pinned_hash}
     data = json_bytes(document)
     directory = ensure_dir(settings.KILN.layout.evals / "inputs" / uuid.uuid4().hex)
-    path = write_file(directory / "suite.json", data, mode=0o444, exclusive=True)
+    try:
+        path = write_file(directory / "suite.json", data, mode=0o444, exclusive=True)
+    except BaseException:  # e.g. the disk is full (the API answers 507): no empty folder is left behind
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     return {"name": parsed["name"], "suite_hash": pinned_hash, "source_suite_hash": source_suite_hash,
             "source": source, "path": str(path), "sha256": sha256_digest(data), "examples": len(examples),
             "scorers": _scorer_pins({**parsed, "examples": examples})}

@@ -16,7 +16,15 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
 
 from core.accounts.auth import api_auth, require_api_user
-from core.errors import KilnError, caused_by, clip, error_envelope
+from core.errors import (
+    DISK_FULL_CODE,
+    DISK_FULL_HINT,
+    KilnError,
+    caused_by,
+    clip,
+    error_envelope,
+    is_disk_full,
+)
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +273,10 @@ def _internal(request, exc):
         return _respond(request, 503, "service_unavailable", f"the message broker (Redis) did not answer: {exc}",
                         "retry shortly; GET /health shows the broker's state (kiln serve restarts its private "
                         "Redis, or check KILN_REDIS_URL)", headers={"Retry-After": "5"})
+    if is_disk_full(exc):  # a route's write (a pinned snapshot, a suite) met a full disk: the spec's 507
+        log.warning("%s %s: the disk is full: %s", request.method, request.path, exc)
+        return _respond(request, 507, DISK_FULL_CODE, f"the server's disk is full: {type(exc).__name__}: {exc}",
+                        DISK_FULL_HINT)
     log.exception("unhandled error in %s %s", request.method, request.path)
     return _respond(request, 500, "internal_error", "the server failed to handle this request",
                     "see the server log for the traceback")

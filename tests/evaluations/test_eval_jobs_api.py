@@ -178,6 +178,21 @@ def test_tracked_cap_is_503_eval_tracked_full(api, suite, gpu_worker):
     ok(_run(api, {"suite_name": "sums"}))
 
 
+def test_a_full_disk_at_submission_is_507_and_leaves_no_folder(api, suite, gpu_worker, settings, monkeypatch):
+    """QA: ENOSPC while pinning the suite was a 500 internal_error and left an empty inputs folder."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("evaluations.eval_services.write_file", full)
+    message = error(_run(api, {"suite_name": "sums"}), 507, "adapter_disk_quota_exceeded")
+    assert "disk is full" in message
+    inputs = settings.KILN.layout.evals / "inputs"
+    assert not Job.objects.filter(kind="eval.run").exists()
+    assert inputs.is_dir() and list(inputs.iterdir()) == []  # its folder was made, then removed
+
+
 def test_list_get_cancel_and_delete(api, suite, gpu_worker):
     first = ok(_run(api, {"suite_name": "sums"}))["job_id"]
     second = ok(_run(api, {"suite_name": "sums"}))["job_id"]

@@ -408,3 +408,20 @@ def test_a_corpus_without_reward_contrast_is_queued_with_a_warning(api):
     assert "every advantage is zero" in kept["warnings"][0]
     contrasted = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r009"}}).json()
     assert contrasted["warnings"] == []
+
+
+def test_a_full_disk_at_submission_is_507_and_leaves_nothing(api, monkeypatch):
+    """QA: with KILN_HOME on a full tmpfs, POST /v1/train/grpo answered 500 internal_error (ENOSPC while
+    pinning the snapshot); /v1/eval/run likewise: tests/evaluations/test_eval_jobs_api.py."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("training.services.write_file", full)
+    response = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001"}})
+    assert response.status_code == 507, response.content
+    error = response.json()["error"]
+    assert error["code"] == "adapter_disk_quota_exceeded" and "disk is full" in error["message"] and error["hint"]
+    assert not Job.objects.exists() and not Adapter.objects.filter(name="math-r001").exists()
+
