@@ -41,7 +41,32 @@ def _setup() -> None:
     import django
 
     django.setup()
+    _refuse_upgrading_a_served_database()
     migrate_database()  # several nodes starting together on one PostgreSQL: one migrates, the others wait
+
+
+def _refuse_upgrading_a_served_database() -> None:
+    """Kiln's code was upgraded under a running `kiln serve`: migrating here would change its tables
+    under the old code (QA: a new NOT NULL column, and every job the server then created failed).
+    The server migrates when it restarts."""
+    from django.conf import settings
+
+    from core.process_locks import ProcessLock
+    from kiln_project.cli.client import CliError
+    from kiln_project.cli.migrate_lock import pending_upgrade
+
+    pending = pending_upgrade()
+    if not pending:
+        return
+    lock = ProcessLock(settings.KILN.layout.locks / "serve.lock")
+    if lock.try_acquire():  # no server on this KILN_HOME: this command may migrate
+        lock.release()
+        return
+    holder = lock.holder() or {}
+    raise CliError("kiln_serve_needs_restart", f"kiln serve (pid {holder.get('pid', '?')}) runs on {settings.KILN.home} "
+                   f"with older code than this command: the database needs {len(pending)} migration(s) "
+                   f"({', '.join(pending[:3])}) that would change its tables under it",
+                   "restart kiln serve (it migrates as it starts), then run this command again")
 
 
 def run_user(args) -> int:

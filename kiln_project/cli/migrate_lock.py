@@ -32,3 +32,16 @@ def migrate_database() -> None:
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATE_LOCK_KEY])
+
+
+def pending_upgrade() -> list[str]:
+    """The migrations a database that is already in use (some migrations applied) still needs: an
+    upgrade of Kiln's code. [] for an up-to-date database and for a fresh one (nothing applied)."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
+    if not executor.loader.applied_migrations:
+        return []
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [f"{migration.app_label}.{migration.name}" for migration, _ in plan]

@@ -103,3 +103,42 @@ def test_a_home_another_command_makes_first_is_not_an_error(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+@pytest.mark.timeout(600)
+def test_an_upgrade_under_a_running_server_is_not_migrated_by_an_account_command(tmp_path):
+    """QA: `kiln user create` run with newer code applied a migration (a NOT NULL column) to the database
+    of a `kiln serve` still running the old code, and every job that server then created failed. With
+    migrations pending and the server's lock held, the command refuses; with no server, it migrates."""
+    from core.process_locks import ProcessLock
+
+    home = tmp_path / "home"
+    assert _kiln(home, "user", "create", "alice").returncode == 0
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "KILN_DATABASE_URL", "KILN_DEBUG")}
+    env.update(KILN_HOME=str(home), DJANGO_SETTINGS_MODULE="kiln_project.settings")
+    manage = os.path.join(os.path.dirname(__file__), "..", "..", "manage.py")
+    older = subprocess.run([sys.executable, manage, "migrate", "jobs", "0003", "--verbosity", "0"], env=env,
+                           capture_output=True, text=True, timeout=300)  # the database of the older code
+    assert older.returncode == 0, older.stderr
+    [database] = list(home.rglob("*.sqlite3"))
+
+    def job_columns():
+        with sqlite3.connect(database) as db:
+            return {row[1] for row in db.execute("pragma table_info(jobs_job)")}
+
+    assert "publishing" not in job_columns()
+    serving = ProcessLock(home / "locks" / "serve.lock")
+    assert serving.try_acquire()  # kiln serve holds it while it runs
+    try:
+        refused = _kiln(home, "user", "create", "bob")
+    finally:
+        serving.release()
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: kiln_serve_needs_restart: kiln serve (pid ") \
+        and "jobs.0004_job_publishing" in refused.stderr and "restart kiln serve" in refused.stderr, refused.stderr
+    assert "publishing" not in job_columns()  # its tables were left as the running server knows them
+
+    migrated = _kiln(home, "user", "create", "bob")  # no server: the command brings it up to date
+    assert migrated.returncode == 0, migrated.stderr
+    assert "publishing" in job_columns()
