@@ -206,7 +206,10 @@ def run_activation_job(ctx) -> dict:
         result = {"adapter": payload.adapter, "activated": promotion.state == PromotionState.APPLIED,
                   "promotion_id": promotion.id, "promotion_state": promotion.state, "canary": canary}
         if not result["activated"]:
-            error = KilnError("promotion_failed", f"promotion {promotion.id} was not applied: {promotion.reason}",
+            # The promotion's reason is the decider's text with the failure after it ("ok (failed: ...)").
+            reason = promotion.reason or ""
+            cause = reason.rsplit(" (failed: ", 1)[1].removesuffix(")") if " (failed: " in reason else reason
+            error = KilnError("promotion_failed", f"promotion {promotion.id} was not applied: {cause}",
                               status=409, hint="see the promotion's reason; the previous adapter stays active")
             error.job_result = {**result, "code": error.code, "message": error.message}
             raise error

@@ -137,6 +137,10 @@ def test_an_incumbent_that_changed_while_the_canary_waited_fails_the_promotion(h
     promotion.refresh_from_db()
     assert promotion.state == "failed" and "other is active now" in promotion.reason
     assert adapter_active().name == "other"
+    job = Job.objects.get(id=Promotion.objects.get(id=promotion.id).activation_job_id)
+    # The job's error gives the cause, not the approver's "ok" before it (QA).
+    assert job.error_code == "promotion_failed" and \
+        job.error_message.startswith(f"promotion {promotion.id} was not applied: it was requested against inc")
 
 
 def test_activate_alone_is_a_promotion_applied_at_once(solo):
