@@ -216,3 +216,19 @@ def test_a_deleted_gate_evaluation_leaves_no_pointer_to_it():
     Job.objects.filter(id=evaluation.id).update(deleted_at=timezone.now())
     state = post_eval_state(training)["evaluation"]
     assert state["eval_job_id"] is None and state["job_id"] == str(post_eval.uuid)
+
+
+def test_a_cancelled_gate_whose_evaluation_is_publishing_ends_cancelled_not_failed():
+    """The gate's evaluation may be past its point of no return (publishing results.json) when the gate
+    is cancelled: that evaluation's cancel is refused (409), and the gate still stops as cancelled."""
+    from core.jobs.runner import JobCancelled, JobContext
+    from training.post_eval_jobs import _wait_for
+
+    evaluation = job_submit(kind="test.steps", payload={})
+    Job.objects.filter(id=evaluation.id).update(state="running", publishing=True)
+    gate = job_submit(kind="test.control_steps", payload={})
+    Job.objects.filter(id=gate.id).update(state="running", cancel_requested=True)
+    with pytest.raises(JobCancelled):
+        _wait_for(JobContext(Job.objects.get(id=gate.id)), evaluation)
+    evaluation.refresh_from_db()
+    assert (evaluation.state, evaluation.cancel_requested) == ("running", False)  # it publishes its results
