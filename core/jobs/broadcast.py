@@ -2,9 +2,10 @@
 
 Redis may lose a broadcast; pages start from a database snapshot, so a lost message only delays
 one update. Failing to broadcast never fails the state change that caused it, nor holds it up: a
-broadcast gets BROADCAST_TIMEOUT_SECONDS, and after one fails none is tried for
-BROADCAST_PAUSE_SECONDS. Without that, a stalled Redis (SIGSTOP) held every training step for the
-channel layer's 20-second socket timeout (QA: a 153-step run would have taken 50 minutes).
+broadcast gets BROADCAST_TIMEOUT_SECONDS, and after one fails no progress or log event is tried for
+BROADCAST_PAUSE_SECONDS (a job's start and end always are: a page waits for those). Without that,
+a stalled Redis (SIGSTOP) held every training step for the channel layer's 20-second socket
+timeout (QA: a 153-step run would have taken 50 minutes).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ log = logging.getLogger(__name__)
 
 BROADCAST_TIMEOUT_SECONDS = 1.0
 BROADCAST_PAUSE_SECONDS = 10.0
-_paused_until = 0.0  # time.monotonic() before which no broadcast is tried (this process)
+_paused_until = 0.0  # time.monotonic() before which no pausable broadcast is tried (this process)
+PAUSABLE_EVENTS = frozenset({"progress", "log"})  # many per job; the rest (running, completed, ...) are few
 
 JOBS_GROUP = "jobs"
 
@@ -35,7 +37,7 @@ def broadcast_job_changed(*, job_id: str, event: str) -> None:
     if layer is None:
         return
     global _paused_until
-    if time.monotonic() < _paused_until:
+    if event in PAUSABLE_EVENTS and time.monotonic() < _paused_until:
         return
     message = {"type": "job.changed", "job_id": job_id, "event": event}
 

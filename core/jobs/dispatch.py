@@ -4,8 +4,9 @@ lost while Redis stalled or restarted would otherwise leave them queued until th
 
 A wake-up is sent from a thread of its own: the broker's client waits on a stalled Redis (SIGSTOP,
 a full network buffer) until it answers, and a submission must not (QA: POST /v1/train/grpo took
-25 s, as long as Redis was stopped). One wake-up per queue is in flight at a time: a worker drains
-every queued row once woken, so another would add nothing but a thread stuck on the same Redis."""
+25 s, as long as Redis was stopped). Every wake-up is still sent, one by one, by one sender thread
+per queue: the control queue runs one job per message in parallel (runs admitted together, an
+eval beside the gate that waits for it), so a wake-up merged into another would serialize them."""
 
 from __future__ import annotations
 
@@ -14,28 +15,32 @@ import threading
 
 log = logging.getLogger(__name__)
 
-_in_flight: set[str] = set()
-_in_flight_lock = threading.Lock()
+_unsent: dict[str, int] = {}  # wake-ups asked for and not yet sent, per queue (its sender thread runs)
+_unsent_lock = threading.Lock()
 
 
 def wake_queue(queue: str) -> None:
-    with _in_flight_lock:
-        if queue in _in_flight:
-            return
-        _in_flight.add(queue)
-    threading.Thread(target=_send_wake, args=(queue,), name=f"kiln-wake-{queue}", daemon=True).start()
+    with _unsent_lock:
+        waiting = _unsent.get(queue, 0)
+        _unsent[queue] = waiting + 1
+        if waiting:
+            return  # this queue's sender thread sends it after the ones before it
+    threading.Thread(target=_send_wakes, args=(queue,), name=f"kiln-wake-{queue}", daemon=True).start()
 
 
-def _send_wake(queue: str) -> None:
+def _send_wakes(queue: str) -> None:
     from core.jobs.tasks import WAKE_ACTORS
 
-    try:
-        WAKE_ACTORS[queue].send()
-    except Exception as exc:  # noqa: BLE001 - the job row is queued; the next worker boot picks it up
-        log.warning("could not wake the %s queue: %s", queue, exc)
-    finally:
-        with _in_flight_lock:
-            _in_flight.discard(queue)
+    while True:
+        try:
+            WAKE_ACTORS[queue].send()
+        except Exception as exc:  # noqa: BLE001 - the job row is queued; the next worker boot picks it up
+            log.warning("could not wake the %s queue: %s", queue, exc)
+        with _unsent_lock:
+            _unsent[queue] -= 1
+            if _unsent[queue] == 0:
+                del _unsent[queue]
+                return
 
 
 def wake_stalled_queues(*, waited_seconds: float = 20.0) -> list[str]:

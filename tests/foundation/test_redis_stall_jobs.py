@@ -3,7 +3,7 @@
 QA: with the private Redis stopped, each GRPO step took 20 s (every progress event's live-page
 broadcast waited out the channel layer's socket timeout) and POST /v1/train/grpo answered only when
 Redis came back (the queue's wake-up waited on it). Broadcasts now get a second and pause after a
-failure; wake-ups go from a thread of their own, one per queue in flight."""
+failure; wake-ups go from a sender thread per queue, every one of them sent."""
 
 from __future__ import annotations
 
@@ -48,35 +48,42 @@ def test_a_broadcast_to_a_stalled_redis_gives_up_and_the_next_ones_are_not_tried
 
     layer = channel_layers["default"]
     calls = []
-    monkeypatch.setattr(layer, "group_send", lambda *args: calls.append(args))
+
+    async def recorded(*args):
+        calls.append(args)
+
+    monkeypatch.setattr(layer, "group_send", recorded)
     broadcast.broadcast_job_changed(job_id="j1", event="progress")
-    assert calls == []  # within the pause nothing is tried, so a job's next step is not held up
+    assert calls == []  # within the pause no progress is tried, so a job's next step is not held up
+    broadcast.broadcast_job_changed(job_id="j1", event="completed")
+    assert len(calls) == 2  # a job's end is always tried (the page waits for it)
 
 
-def test_a_wake_up_does_not_hold_up_the_submission_and_one_per_queue_is_in_flight(monkeypatch):
+def _until(condition) -> bool:
+    for _ in range(200):
+        if condition():
+            return True
+        threading.Event().wait(0.05)
+    return False
+
+
+def test_a_wake_up_does_not_hold_up_the_submission_and_none_is_lost(monkeypatch):
+    """Each control job runs on its own message, so every wake-up is sent (one sender thread per queue,
+    not one thread per wake-up stuck on the same Redis)."""
     release, sends = threading.Event(), []
 
     class StalledActor:
         def send(self):
-            sends.append(1)
+            sends.append(threading.current_thread().name)
             release.wait(30)  # the broker's client on a stopped Redis
 
-    monkeypatch.setitem(tasks.WAKE_ACTORS, "gpu", StalledActor())
-    dispatch.wake_queue("gpu")  # returns at once
-    dispatch.wake_queue("gpu")  # one is in flight: not a second thread stuck on the same Redis
-    for _ in range(100):
-        if sends:
-            break
-        threading.Event().wait(0.05)
-    assert sends == [1] and "gpu" in dispatch._in_flight
+    monkeypatch.setitem(tasks.WAKE_ACTORS, "control", StalledActor())
+    for _ in range(3):
+        dispatch.wake_queue("control")  # each returns at once
+    assert _until(lambda: sends)
+    assert sends == ["kiln-wake-control"] and dispatch._unsent["control"] == 3  # one thread; two wait behind it
     release.set()
-    for _ in range(100):
-        if "gpu" not in dispatch._in_flight:
-            break
-        threading.Event().wait(0.05)
-    dispatch.wake_queue("gpu")  # the first one went: the next is sent
-    for _ in range(100):
-        if len(sends) == 2:
-            break
-        threading.Event().wait(0.05)
-    assert sends == [1, 1]
+    assert _until(lambda: "control" not in dispatch._unsent)
+    assert sends == ["kiln-wake-control"] * 3  # none merged away
+    dispatch.wake_queue("control")  # the sender finished: a new one starts
+    assert _until(lambda: len(sends) == 4)
