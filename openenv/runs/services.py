@@ -362,11 +362,17 @@ def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
     if run.state in TRAINING_STATES:
         from openenv.training.follow import post_eval_job_of, run_follow
 
-        for job in (run.training_job, run.training_job and post_eval_job_of(run.training_job)):
-            if job is not None:
-                job.refresh_from_db()
-                if not job.is_terminal:
-                    _cancel_training_phase_job(run, job)
+        training = run.training_job
+        if training is not None:
+            training.refresh_from_db()
+            if not training.is_terminal:
+                _cancel_training_phase_job(run, training)
+            # Looked up after the training's cancel was settled: a training that finished publishing
+            # meanwhile has queued its post-eval, which the cancel must reach too.
+            training.refresh_from_db()
+            post_eval = post_eval_job_of(training)
+            if post_eval is not None and not post_eval.is_terminal:
+                _cancel_training_phase_job(run, post_eval)
         run_transition(run, from_states=TRAINING_STATES, cancel_requested=True)
         run_follow(run)
     elif run.state in EVALUATION_STATES:
