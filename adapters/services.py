@@ -144,24 +144,31 @@ def adapter_release(*, name: str, reason: str = "") -> None:
         if adapter is None:
             return
         job = adapter.training_job
-        _retire_unpublished_folder(name)
         adapter.delete()
         transition_record(name=name, from_state=AdapterStatus.WRITING, to_state=AdapterStatus.FAILED, job=job,
                           actor=job.submitted_by if job is not None else None,
                           reason=reason or (f"training job {job.uuid} ended {job.state} without publishing"
                                             if job is not None else "released without publishing"))
+        retired = _retire_unpublished_folder(name)
+        if retired is not None:  # removed once the release is committed; a rollback leaves it for start-up clean-up
+            transaction.on_commit(lambda: shutil.rmtree(retired, ignore_errors=True))
 
 
-def _retire_unpublished_folder(name: str) -> None:
-    """Move `<adapters>/<name>` (written, never registered) out of the way, then remove it; a crash
-    between the two leaves a hidden `.retired` entry that startup clean-up removes."""
+def _retire_unpublished_folder(name: str) -> Path | None:
+    """Rename `<adapters>/<name>` (written, never registered) to a hidden `.retired` sibling, which the
+    caller removes; a crash before that leaves it to start-up clean-up. None when there is none (or
+    it cannot be moved: then it holds the name as before, and the log says so)."""
     folder = settings.KILN.layout.adapters / name
     if not folder.is_dir() or folder.is_symlink():
-        return
+        return None
     retired = hidden_sibling(folder, "retired")
-    os.rename(folder, retired)
-    shutil.rmtree(retired, ignore_errors=True)
+    try:
+        os.rename(folder, retired)
+    except OSError as exc:
+        log.warning("could not remove the unpublished output folder %s: %s", folder, exc)
+        return None
     log.warning("removed the unpublished output folder of adapter %r (its job ended without publishing)", name)
+    return retired
 
 
 def adapter_demote(*, name: str, actor=None, reason: str = "", job=None) -> Path | None:

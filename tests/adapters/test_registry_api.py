@@ -299,7 +299,8 @@ def test_anonymous_loopback_access_is_no_approver_in_a_team(api, home, peft_adap
     assert not Adapter.objects.get(name="a1").loaded
 
 
-def test_a_released_reservation_takes_its_unpublished_folder_with_it(home, peft_adapter):
+def test_a_released_reservation_takes_its_unpublished_folder_with_it(home, peft_adapter,
+                                                                      django_capture_on_commit_callbacks):
     """QA: the GPU worker killed after the trainer wrote `adapters/<name>/` but before the registry
     published it left a complete folder no row lists: every resubmission and the resume its error
     offers answered 409 adapter_revision_conflict, restarts never removed it, and `kiln adapters
@@ -315,7 +316,8 @@ def test_a_released_reservation_takes_its_unpublished_folder_with_it(home, peft_
     shutil.copytree(peft_adapter, written)  # what the trainer's atomic rename leaves before publication
     checkpoint = home / "adapters" / "k2-checkpoint-step-140.kiln-checkpoint"
     checkpoint.mkdir()
-    adapter_release(name="k2")  # the training kind's on_unsuccessful hook (training.hooks)
+    with django_capture_on_commit_callbacks(execute=True):
+        adapter_release(name="k2")  # the training kind's on_unsuccessful hook (training.hooks)
     assert not written.exists() and checkpoint.is_dir()
     assert not [p for p in (home / "adapters").iterdir() if p.name.startswith(".k2.")]  # nothing retired is left
     assert not Adapter.objects.filter(name="k2").exists()
