@@ -170,7 +170,7 @@ def activation_submit(*, name: str, reason: str, promotion: Promotion | None = N
                                 allow_quarantined=allow_quarantined,
                                 origin_job_id=str(job.uuid) if job is not None else None)
     title = f"Activate · {name}" + (f" · promotion {promotion.id}" if promotion is not None else "")
-    return job_submit(kind=KIND, payload=payload, title=title,
+    return job_submit(kind=KIND, payload=payload, title=title, follow_up=job is not None,  # a training's auto_load
                       user=actor if getattr(actor, "pk", None) is not None else (job.submitted_by if job else None))
 
 

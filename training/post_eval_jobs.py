@@ -86,7 +86,7 @@ def post_eval_submit(*, training_job, adapter_name: str, post_eval: PostEvalConf
                                  post_eval=post_eval, suite_hash=suite_hash,
                                  baseline_adapter=active.name if active else None, auto_load=auto_load)
     return job_submit(kind=KIND, payload=payload, title=f"Post-eval · {post_eval.suite} · {adapter_name}",
-                      user=user or training_job.submitted_by)
+                      user=user or training_job.submitted_by, follow_up=True)
 
 
 def _wait_for(ctx, eval_job):

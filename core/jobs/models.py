@@ -37,7 +37,7 @@ class Job(models.Model):
     cancel_requested = models.BooleanField(default=False)
     # Past its point of no return (publishing its result): a cancel can no longer stop it and is
     # refused (409 job_not_cancellable) rather than accepted and then ignored.
-    publishing = models.BooleanField(default=False)
+    publishing = models.BooleanField(default=False, db_default=False)  # db_default: older code's inserts still work
     worker_id = models.CharField(max_length=100, blank=True)
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="kiln_jobs"

@@ -70,9 +70,11 @@ class JobContext:
         marked in the same transaction: a cancel requested before stops the job (JobCancelled, and
         the transaction publishes nothing); one that comes after is refused (409
         job_not_cancellable). A worker shutting down lets finished work publish."""
-        from core.jobs.models import Job
+        from core.jobs.models import Job, JobState
 
-        if not Job.objects.filter(id=self.job.id, cancel_requested=False).update(publishing=True):
+        # Still running, too: a worker that stalled while restart recovery failed its job publishes nothing.
+        if not Job.objects.filter(id=self.job.id, state=JobState.RUNNING, cancel_requested=False).update(
+                publishing=True):
             self._cancel_seen = True
             raise JobCancelled()
         self.publishing = True

@@ -23,10 +23,13 @@ def _event(job: Job, type_: str, message: str = "", data: dict | None = None) ->
     transaction.on_commit(lambda: broadcast_job_changed(job_id=str(job.uuid), event=type_))
 
 
-def job_submit(*, kind: str, payload, title: str = "", user=None, max_queued: int | None = None) -> Job:
+def job_submit(*, kind: str, payload, title: str = "", user=None, max_queued: int | None = None,
+               follow_up: bool = False) -> Job:
     """Persist a queued job and wake its queue after commit. Refuses with 503 when the queue is full,
     or when the kind has a tracked cap (`JobKind.tracked_full_code`) and MAX_TRACKED_JOBS of it are
-    tracked. `payload` is the kind's typed payload (or a dict of it); it is stored as plain data."""
+    tracked. `payload` is the kind's typed payload (or a dict of it); it is stored as plain data.
+    `follow_up`: queued by a job as it publishes (a training's activation or gate), which the queue
+    cap never refuses: the refusal would fail work already admitted and done."""
     from django.conf import settings
 
     from core.jobs.dispatch import wake_queue
@@ -39,7 +42,7 @@ def job_submit(*, kind: str, payload, title: str = "", user=None, max_queued: in
     with transaction.atomic():
         serialize(f"jobs.queue.{job_kind.queue}")  # the count and the insert as one step: the cap holds under races
         queued = Job.objects.filter(queue=job_kind.queue, state=JobState.QUEUED).count()
-        if queued >= cap:
+        if queued >= cap and not follow_up:
             raise KilnError(
                 job_kind.queue_full_code,
                 f"the {job_kind.queue} queue already holds {queued} queued jobs (cap {cap})",

@@ -40,6 +40,18 @@ def test_queue_cap_refuses_with_retry_after_and_writes_nothing():
     services.job_submit(kind="test.control_steps", payload={}, max_queued=2)
 
 
+def test_a_follow_up_of_a_publishing_job_is_never_refused_by_the_queue_cap():
+    """A training's activation and gate are queued in the transaction that publishes it: a full control
+    queue refusing them failed the whole finished training (review)."""
+    for _ in range(2):
+        services.job_submit(kind="test.control_steps", payload={}, max_queued=2)
+    with pytest.raises(KilnError) as refused:
+        services.job_submit(kind="test.control_steps", payload={}, max_queued=2)
+    assert refused.value.code == "job_queue_full"
+    follow_up = services.job_submit(kind="test.control_steps", payload={}, max_queued=2, follow_up=True)
+    assert follow_up.state == "queued" and Job.objects.filter(queue="control").count() == 3
+
+
 def test_a_job_finishes_only_once():
     job = services.job_submit(kind="test.steps", payload={})
     job = services.job_claim_next(queue="gpu", worker_id="w1")
@@ -110,6 +122,16 @@ def test_a_cancel_is_decided_once_at_the_point_of_publication():
     assert "publishing its result" in refused.value.message
     publishing.refresh_from_db()
     assert (publishing.state, publishing.cancel_requested) == ("running", False)
+
+    # A worker that stalled while restart recovery failed its job publishes nothing either.
+    stalled = services.job_submit(kind="test.steps", payload={})
+    stalled = services.job_claim_next(queue="gpu", worker_id="w1")
+    ctx = JobContext(stalled)
+    assert services.jobs_fail_interrupted(job_ids=[stalled.id], reason="its worker stopped") == 1
+    with pytest.raises(JobCancelled):
+        ctx.begin_publishing()
+    stalled.refresh_from_db()
+    assert (stalled.state, stalled.error_code, stalled.publishing) == ("failed", "job_interrupted", False)
 
 
 def _heartbeat(worker_id: str, *, pid: int, seconds_ago: float = 0, stopped: bool = False, host=None):
