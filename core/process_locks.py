@@ -71,6 +71,19 @@ class ProcessLock:
         os.close(self._fd)
         self._fd = None
 
+    def held_elsewhere(self) -> bool:
+        """Whether another process holds the lock now (probed without taking it over or writing)."""
+        if self._fd is not None or not self.path.exists():
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops the probe's lock, if it got one
+        return False
+
     def holder(self) -> dict | None:
         """Who holds it, as the holder wrote (None if nobody wrote or the file is gone)."""
         try:

@@ -275,7 +275,9 @@ def _internal(request, exc):
                         "Redis, or check KILN_REDIS_URL)", headers={"Retry-After": "5"})
     if is_disk_full(exc):  # a route's write (a pinned snapshot, a suite) met a full disk: the spec's 507
         log.warning("%s %s: the disk is full: %s", request.method, request.path, exc)
-        return _respond(request, 507, DISK_FULL_CODE, f"the server's disk is full: {type(exc).__name__}: {exc}",
+        # Not the exception's text: it names the server's own paths.
+        return _respond(request, 507, DISK_FULL_CODE,
+                        f"the server's disk is full ({getattr(exc, 'strerror', None) or 'no space left'})",
                         DISK_FULL_HINT)
     log.exception("unhandled error in %s %s", request.method, request.path)
     return _respond(request, 500, "internal_error", "the server failed to handle this request",

@@ -59,14 +59,14 @@ def _refuse_upgrading_a_served_database() -> None:
     if not pending:
         return
     lock = ProcessLock(settings.KILN.layout.locks / "serve.lock")
-    if lock.try_acquire():  # no server on this KILN_HOME: this command may migrate
-        lock.release()
+    if not lock.held_elsewhere():  # no server on this KILN_HOME: this command may migrate
         return
     holder = lock.holder() or {}
     raise CliError("kiln_serve_needs_restart", f"kiln serve (pid {holder.get('pid', '?')}) runs on {settings.KILN.home} "
-                   f"with older code than this command: the database needs {len(pending)} migration(s) "
-                   f"({', '.join(pending[:3])}) that would change its tables under it",
-                   "restart kiln serve (it migrates as it starts), then run this command again")
+                   f"and the database still needs {len(pending)} migration(s) of this code "
+                   f"({', '.join(pending[:3])}): migrating here would change its tables under it",
+                   "if it is starting, wait a moment and run this again; if it runs older code, restart it (it "
+                   "migrates as it starts), then run this again")
 
 
 def run_user(args) -> int:

@@ -3,6 +3,7 @@ database yet, no `kiln serve` before) they migrate it first, as `kiln serve` doe
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -136,8 +137,10 @@ def test_an_upgrade_under_a_running_server_is_not_migrated_by_an_account_command
         serving.release()
     assert refused.returncode == 1
     assert refused.stderr.startswith("error: kiln_serve_needs_restart: kiln serve (pid ") \
-        and "jobs.0004_job_publishing" in refused.stderr and "restart kiln serve" in refused.stderr, refused.stderr
+        and "jobs.0004_job_publishing" in refused.stderr and "restart it" in refused.stderr, refused.stderr
     assert "publishing" not in job_columns()  # its tables were left as the running server knows them
+    assert not (home / "locks" / "serve.lock").read_text() or \
+        json.loads((home / "locks" / "serve.lock").read_text())["pid"] == os.getpid()  # the probe wrote nothing
 
     migrated = _kiln(home, "user", "create", "bob")  # no server: the command brings it up to date
     assert migrated.returncode == 0, migrated.stderr
