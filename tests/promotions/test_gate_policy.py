@@ -19,9 +19,9 @@ from training.post_eval_jobs import PostEvalJobPayload, _apply
 pytestmark = pytest.mark.django_db
 
 
-def _job(kind: str, *, user=None, metrics=None, result=None) -> Job:
+def _job(kind: str, *, user=None, metrics=None, result=None, state: str = "completed") -> Job:
     job = job_submit(kind="test.steps", payload={"steps": 1}, title=kind, user=user)
-    Job.objects.filter(id=job.id).update(kind=kind, state="completed", metrics=metrics or {}, result=result or {})
+    Job.objects.filter(id=job.id).update(kind=kind, state=state, metrics=metrics or {}, result=result or {})
     return Job.objects.get(id=job.id)
 
 
@@ -32,7 +32,7 @@ def _gate(home, name: str, *, candidate: float, baseline: float, rewards=None, u
     payload = PostEvalJobPayload(training_job_id=str(training.uuid), adapter_name=name,
                                  post_eval=PostEvalConfig.from_dict({"suite": "held", "min_accuracy": 0.5}),
                                  suite_hash="sha256:" + "1" * 64, baseline_adapter="prev", auto_load=True)
-    post = _job("training.post_eval", user=user)
+    post = _job("training.post_eval", user=user, state="running")  # _apply runs inside the running gate job
     evidence = {"policy_version": "paired_wilson_v1", "eval_job_id": "e1", "candidate_adapter": name,
                 "baseline_adapter": "prev", "candidate_accuracy": candidate, "baseline_accuracy": baseline,
                 "outcome": "promoted"}
@@ -64,7 +64,7 @@ def test_the_training_status_says_a_promoted_gate_waits_for_a_reviewer_then_how_
     result, post = _gate(home, "cand", candidate=0.8, baseline=0.5, user=requester)
     training = Adapter.objects.get(name="cand").training_job
     Job.objects.filter(id=training.id).update(result={"post_eval_job_id": str(post.uuid)})
-    Job.objects.filter(id=post.id).update(result=result)
+    Job.objects.filter(id=post.id).update(result=result, state="completed")  # the gate job ended with it
     promotion_id = result["promotion_id"]
     status = _gate_fields(Job.objects.get(id=training.id))
     assert status["gate_outcome"] == "promoted"  # the gate's word; the verdict says a person still decides
@@ -133,7 +133,7 @@ def test_a_gate_against_an_adapter_that_no_longer_serves_is_never_applied_automa
     evidence = {"policy_version": "paired_wilson_v1", "eval_job_id": "e1", "candidate_adapter": "cand",
                 "baseline_adapter": "prev", "candidate_accuracy": 0.8, "baseline_accuracy": 0.5,
                 "outcome": "promoted"}
-    result = _apply(JobContext(_job("training.post_eval", user=requester)), payload, "promoted",
+    result = _apply(JobContext(_job("training.post_eval", user=requester, state="running")), payload, "promoted",
                     evidence, "e1", "verdict")
     assert result["activated_at"] is None and result["promotion_id"] is not None
     assert Adapter.objects.get(name="other").loaded and not Adapter.objects.get(name="cand").loaded
