@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from adapters.canary import CanaryUnavailable, canary_run
+from adapters.canary import CanaryUnavailable, canary_run, canary_timeout
 from adapters.models import Adapter, AdapterState, AdapterStatus, Promotion, PromotionState
 from core.db_locks import REGISTRY, serialize
 from core.errors import KilnError
@@ -91,9 +91,10 @@ def quarantine(*, name: str, canary: dict, actor=None, job=None) -> None:
 
 
 def run_canary(*, name: str, actor=None, job=None, allow_quarantined: bool = False,
-               expected_sha256: str = "") -> dict:
+               expected_sha256: str = "", wait_for_worker: float = 0.0) -> dict:
     """The canary on a published adapter; a failure quarantines it and raises adapter_load_failed.
-    Raises adapter_quarantined for a quarantined adapter unless allowed, CanaryUnavailable when it can't run."""
+    Raises adapter_quarantined for a quarantined adapter unless allowed, CanaryUnavailable when it can't run
+    (after `wait_for_worker` seconds of asking again while no GPU worker serves)."""
     adapter = _published(name)
     if adapter.quarantined and not allow_quarantined:
         raise KilnError("adapter_quarantined", f"adapter {name!r} is quarantined: its serving canary failed", status=409,
@@ -102,7 +103,7 @@ def run_canary(*, name: str, actor=None, job=None, allow_quarantined: bool = Fal
     if expected_sha256 and adapter.content_sha256 != expected_sha256:
         raise KilnError("adapter_changed", f"adapter {name!r} is now {adapter.content_sha256}, not "
                         f"{expected_sha256}", status=409, hint="request the activation again")
-    record = canary_run(name=name, content_sha256=adapter.content_sha256)
+    record = canary_run(name=name, content_sha256=adapter.content_sha256, wait_for_worker=wait_for_worker)
     if not record["passed"]:
         quarantine(name=name, canary=record, actor=actor, job=job)
         raise KilnError("adapter_load_failed", f"adapter {name!r} failed its serving canary and is quarantined: "
@@ -187,8 +188,11 @@ def run_activation_job(ctx) -> dict:
     actor = _actor(payload)
     ctx.report_progress(0.1, "serving canary")
     try:
+        # A queued activation (auto_load, an approved promotion) outwaits a GPU worker that is restarting
+        # (QA: a training's auto_load failed inference_unavailable at once after the worker was killed).
         canary = run_canary(name=payload.adapter, actor=actor, job=ctx.job,
-                            allow_quarantined=payload.allow_quarantined, expected_sha256=payload.content_sha256)
+                            allow_quarantined=payload.allow_quarantined, expected_sha256=payload.content_sha256,
+                            wait_for_worker=canary_timeout())
     except CanaryUnavailable:
         raise  # the job fails; its hook fails the promotion; the adapter is not judged
     except KilnError as exc:

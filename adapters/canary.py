@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 from django.utils import timezone
 
@@ -85,13 +86,33 @@ def _judge(prompt: str, response: dict, content_sha256: str) -> tuple[dict, list
     return output, reasons
 
 
-def canary_run(*, name: str, content_sha256: str, timeout: float | None = None) -> dict:
-    """Run the canary on the adapter `name` (expected bytes `content_sha256`). Raises CanaryUnavailable."""
+# Codes that say no GPU worker serves yet (one restarting after a crash, its model loading).
+NOT_SERVING_YET = frozenset({"inference_unavailable", "model_loading", "server_shutting_down"})
+WORKER_POLL_SECONDS = 2.0
+
+
+def _complete_once_served(body: dict, timeout: float, wait_for_worker: float) -> dict:
+    """`_complete`, asked again every WORKER_POLL_SECONDS while no worker serves, for up to
+    `wait_for_worker` seconds (0: once)."""
+    deadline = time.monotonic() + wait_for_worker
+    while True:
+        try:
+            return _complete(body, timeout)
+        except KilnError as exc:
+            if exc.code not in NOT_SERVING_YET or time.monotonic() + WORKER_POLL_SECONDS > deadline:
+                raise
+        time.sleep(WORKER_POLL_SECONDS)
+
+
+def canary_run(*, name: str, content_sha256: str, timeout: float | None = None, wait_for_worker: float = 0.0) -> dict:
+    """Run the canary on the adapter `name` (expected bytes `content_sha256`). Raises CanaryUnavailable.
+    `wait_for_worker`: how long a queued activation waits for a GPU worker to serve (a request's own
+    load answers at once)."""
     timeout = timeout or canary_timeout()
     outputs, reasons = [], []
     for prompt in PROMPTS:
         try:
-            response = _complete(_body(name, prompt), timeout)
+            response = _complete_once_served(_body(name, prompt), timeout, wait_for_worker)
         except KilnError as exc:
             if exc.code not in ADAPTER_FAULTS:
                 raise CanaryUnavailable(exc.code, f"the serving canary could not run: {exc.message}",

@@ -82,6 +82,25 @@ def test_a_canary_that_cannot_run_changes_nothing(solo, canary_worker):
     assert adapter_active().name == "r1"
 
 
+def test_a_queued_activation_outwaits_a_gpu_worker_that_is_restarting(home, canary_worker, monkeypatch):
+    """QA: the GPU worker killed as a training finished; its auto_load activation failed
+    inference_unavailable at once and nothing retried it. A queued activation asks again while no
+    worker serves (up to the canary timeout); a request's own load still answers at once."""
+    from adapters import canary
+
+    monkeypatch.setattr(canary, "WORKER_POLL_SECONDS", 0.01)
+    requester, reviewer, _ = users()
+    published(home, "inc", loaded=True)
+    published(home, "cand")
+    promotion = promotion_request(candidate="cand", user=requester, reason="")
+    promotion_approve(promotion_id=promotion.id, user=reviewer, reason="looks fine")
+    canary_worker.unavailable_for_calls = 3  # the restarted worker is still loading its model
+    drain_activations()
+    promotion.refresh_from_db()
+    assert promotion.state == "applied" and adapter_active().name == "cand"
+    assert canary_worker.unavailable_for_calls == 0 and len(canary_worker.calls) == 3 + 3  # three refusals, three prompts
+
+
 def test_an_approved_promotion_whose_canary_fails_ends_failed(home, canary_worker):
     requester, reviewer, _ = users()
     published(home, "inc", loaded=True)

@@ -23,12 +23,14 @@ class StandInWorker:
         self.empty_for: set[str] = set()  # empty replies (a collapsed adapter)
         self.wrong_bytes_for: set[str] = set()  # the behavior policy names other bytes
         self.unavailable = False  # no GPU worker: inference_unavailable
+        self.unavailable_for_calls = 0  # the next N calls: inference_unavailable (a worker restarting)
         self.calls: list[dict] = []
 
     def __call__(self, body: dict, timeout: float) -> dict:
         self.calls.append(body)
         name = body.get("adapter")
-        if self.unavailable:
+        if self.unavailable or self.unavailable_for_calls > 0:
+            self.unavailable_for_calls = max(0, self.unavailable_for_calls - 1)
             raise KilnError("inference_unavailable", "no GPU worker is serving the infer queue", status=503)
         if name in self.fail_load:
             raise KilnError("adapter_load_failed", f"adapter {name!r}: a weight has the wrong shape", status=500)
