@@ -69,7 +69,8 @@ def _until(condition) -> bool:
 
 def test_a_wake_up_does_not_hold_up_the_submission_and_none_is_lost(monkeypatch):
     """Each control job runs on its own message, so every wake-up is sent (one sender thread per queue,
-    not one thread per wake-up stuck on the same Redis)."""
+    not one thread per wake-up stuck on the same Redis); a caller waits for its own at most
+    WAKE_WAIT_SECONDS (a short-lived process that submits and exits sees it sent when Redis answers)."""
     release, sends = threading.Event(), []
 
     class StalledActor:
@@ -78,12 +79,21 @@ def test_a_wake_up_does_not_hold_up_the_submission_and_none_is_lost(monkeypatch)
             release.wait(30)  # the broker's client on a stopped Redis
 
     monkeypatch.setitem(tasks.WAKE_ACTORS, "control", StalledActor())
+    monkeypatch.setattr(dispatch, "WAKE_WAIT_SECONDS", 0.05)
+    before = dispatch._sent.get("control", 0)
     for _ in range(3):
-        dispatch.wake_queue("control")  # each returns at once
-    assert _until(lambda: sends)
-    assert sends == ["kiln-wake-control"] and dispatch._unsent["control"] == 3  # one thread; two wait behind it
+        dispatch.wake_queue("control")  # each gives up waiting after WAKE_WAIT_SECONDS
+    assert sends == ["kiln-wake-control"]  # one thread, stuck on the first; two wait behind it
+    assert dispatch._requested["control"] - dispatch._sent.get("control", 0) == 3
     release.set()
-    assert _until(lambda: "control" not in dispatch._unsent)
+    assert _until(lambda: dispatch._sent.get("control", 0) == before + 3 and "control" not in dispatch._senders)
     assert sends == ["kiln-wake-control"] * 3  # none merged away
-    dispatch.wake_queue("control")  # the sender finished: a new one starts
-    assert _until(lambda: len(sends) == 4)
+
+    class Answering:
+        def send(self):
+            sends.append("answered")
+
+    monkeypatch.setitem(tasks.WAKE_ACTORS, "control", Answering())
+    monkeypatch.setattr(dispatch, "WAKE_WAIT_SECONDS", 30)
+    dispatch.wake_queue("control")  # a Redis that answers: sent before the call returns
+    assert sends[-1] == "answered"
