@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 from pathlib import Path
@@ -18,7 +17,7 @@ from django.utils import timezone
 from adapters.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
 from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition
 from core.accounts.permissions import check_owner_or_permitted
-from core.artifacts import CHECKPOINT_SUFFIX, StagedDirectory, ensure_dir, hidden_sibling
+from core.artifacts import CHECKPOINT_SUFFIX, StagedDirectory, ensure_dir, hidden_sibling, retire_directory
 from core.canonical import sha256_digest
 from core.content_identity import file_sha256
 from core.contracts.names import is_valid_name
@@ -149,26 +148,9 @@ def adapter_release(*, name: str, reason: str = "") -> None:
                           actor=job.submitted_by if job is not None else None,
                           reason=reason or (f"training job {job.uuid} ended {job.state} without publishing"
                                             if job is not None else "released without publishing"))
-        retired = _retire_unpublished_folder(name)
+        retired = retire_directory(settings.KILN.layout.adapters / name)
         if retired is not None:  # removed once the release is committed; a rollback leaves it for start-up clean-up
             transaction.on_commit(lambda: shutil.rmtree(retired, ignore_errors=True))
-
-
-def _retire_unpublished_folder(name: str) -> Path | None:
-    """Rename `<adapters>/<name>` (written, never registered) to a hidden `.retired` sibling, which the
-    caller removes; a crash before that leaves it to start-up clean-up. None when there is none (or
-    it cannot be moved: then it holds the name as before, and the log says so)."""
-    folder = settings.KILN.layout.adapters / name
-    if not folder.is_dir() or folder.is_symlink():
-        return None
-    retired = hidden_sibling(folder, "retired")
-    try:
-        os.rename(folder, retired)
-    except OSError as exc:
-        log.warning("could not remove the unpublished output folder %s: %s", folder, exc)
-        return None
-    log.warning("removed the unpublished output folder of adapter %r (its job ended without publishing)", name)
-    return retired
 
 
 def adapter_demote(*, name: str, actor=None, reason: str = "", job=None) -> Path | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -24,6 +25,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class ArtifactError(OSError):
@@ -49,6 +52,23 @@ def hidden_sibling(path: Path, suffix: str) -> Path:
     """`.<name>.<random>.<suffix>` next to `path`: never mistaken for a finished artifact."""
     path = Path(path)
     return path.with_name(f".{path.name}.{secrets.token_hex(6)}.{suffix}")
+
+
+def retire_directory(folder: Path) -> Path | None:
+    """Rename `folder` to a hidden `.retired` sibling (which the caller removes; a crash before that
+    leaves it to remove_abandoned_staging). None when there is no such folder, or it cannot be moved
+    (then it stays where it is, and the log says so)."""
+    folder = Path(folder)
+    if not folder.is_dir() or folder.is_symlink():
+        return None
+    retired = hidden_sibling(folder, "retired")
+    try:
+        os.rename(folder, retired)
+    except OSError as exc:
+        log.warning("could not move %s out of the way: %s", folder, exc)
+        return None
+    log.warning("removed %s (written, never registered)", folder)
+    return retired
 
 
 def remove_abandoned_staging(directory: Path) -> list[Path]:

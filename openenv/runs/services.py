@@ -360,19 +360,19 @@ def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
                                                        error=f"cancelled by {who} while queued"):
         return run
     if run.state in TRAINING_STATES:
-        from openenv.training.follow import post_eval_job_of, run_follow
+        from openenv.training.follow import cancel_training_phase_job, post_eval_job_of, run_follow
 
         training = run.training_job
         if training is not None:
             training.refresh_from_db()
             if not training.is_terminal:
-                _cancel_training_phase_job(run, training)
+                cancel_training_phase_job(run, training)
             # Looked up after the training's cancel was settled: a training that finished publishing
             # meanwhile has queued its post-eval, which the cancel must reach too.
             training.refresh_from_db()
             post_eval = post_eval_job_of(training)
             if post_eval is not None and not post_eval.is_terminal:
-                _cancel_training_phase_job(run, post_eval)
+                cancel_training_phase_job(run, post_eval)
         run_transition(run, from_states=TRAINING_STATES, cancel_requested=True)
         run_follow(run)
     elif run.state in EVALUATION_STATES:
@@ -392,24 +392,6 @@ def run_cancel(*, run: OpenEnvRun, user=None) -> OpenEnvRun:
                 runs_admit()
     run.refresh_from_db()
     return run
-
-
-def _cancel_training_phase_job(run: OpenEnvRun, job) -> None:
-    """Cancel the run's training or post-eval job; one already publishing its result (the adapter, the
-    gate's decision) can no longer be stopped, and the run says so rather than accept the cancel."""
-    from core.jobs.services import job_cancel
-
-    try:
-        job_cancel(job=job, system=True)  # the run's own job: its owner was checked by run_cancel
-    except KilnError as exc:
-        if exc.code != "job_not_cancellable":
-            raise
-        job.refresh_from_db()
-        if job.is_terminal:
-            return  # it ended meanwhile: run_follow brings the run up to date
-        raise KilnError("openenv_run_not_cancellable", f"run {run.id}: its {job.kind} job finished its work and "
-                        "is publishing its result; a cancel can no longer stop it", status=409,
-                        hint="wait for the run to end, then reject, unload or delete its adapter") from None
 
 
 # --- restoration -------------------------------------------------------------------------------

@@ -49,6 +49,25 @@ def post_eval_job_of(job):
     return Job.objects.filter(uuid=job_id).first() if job_id else None
 
 
+def cancel_training_phase_job(run, job) -> None:
+    """Cancel the run's training or post-eval job; one already publishing its result (the adapter, the
+    gate's decision) can no longer be stopped, and the run says so rather than accept the cancel."""
+    from core.errors import KilnError
+    from core.jobs.services import job_cancel
+
+    try:
+        job_cancel(job=job, system=True)  # the run's own job: its owner was checked by run_cancel
+    except KilnError as exc:
+        if exc.code != "job_not_cancellable":
+            raise
+        job.refresh_from_db()
+        if job.is_terminal:
+            return  # it ended meanwhile: run_follow brings the run up to date
+        raise KilnError("openenv_run_not_cancellable", f"run {run.id}: its {job.kind} job finished its work and "
+                        "is publishing its result; a cancel can no longer stop it", status=409,
+                        hint="wait for the run to end, then reject, unload or delete its adapter") from None
+
+
 def _read_source(path: Path) -> bytes:
     try:
         info = os.lstat(path)
