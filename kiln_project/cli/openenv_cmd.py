@@ -204,7 +204,8 @@ def _inspect(args, endpoints, credentials) -> int:
             ("base url", identity["base_url"]),
             ("websocket", identity["websocket_url"]),
             ("client profile", identity["client_profile"]),
-            ("openapi version", identity["openapi_version"] or "-"),
+            # reference-spec 4.2: openapi_version is the document's info.version, not its "openapi" (3.1.0)
+            ("openapi version", f"{identity['openapi_version']} (info.version)" if identity["openapi_version"] else "-"),
             ("environments", ", ".join(identity["environments"]) or "-"),
             ("authentication", identity["authentication"]),
             ("action schema", json.dumps(inspection.schema["action"], sort_keys=True)[:200]),

@@ -45,7 +45,10 @@ def invalid_action_warning(groups: list[dict]) -> str | None:
     example = next(str(e.get("message") or "") for e in errors if str(e.get("code")) == common)
     counted = ", ".join(f"{code} {count}" for code, count in codes.most_common())
     advice = ADVICE.get(common, "the policy's replies were refused")
-    groups_left = "no group has" if len(refused) == len(completions) else "most groups have"
+    all_refused = sum(1 for group in groups if (group.get("completions") or []) and all(
+        (c.get("openenv") or {}).get("termination") == "invalid_model_action" for c in group["completions"]))
+    groups_left = ("no group has anything to learn from" if len(refused) == len(completions) else
+                   f"a group has less to learn from ({all_refused} of {len(groups)} had every episode refused)")
     try_next = ("check the model can follow the action schema (`kiln openenv inspect URL` shows it); a small "
                 "model may not manage fields that hold a list, an object or a nested model"
                 if common == "ACTION_SCHEMA_VALIDATION_FAILED" else
@@ -53,7 +56,7 @@ def invalid_action_warning(groups: list[dict]) -> str | None:
                 "--thinking the other way")
     return (f"{len(refused)} of {len(completions)} episodes ended at an action Kiln refused ({counted}; e.g. "
             f"{example[:160] or common}): {advice}. Those episodes score the protocol-error reward, not the "
-            f"environment's, so {groups_left} anything to learn from; {try_next}")
+            f"environment's, so {groups_left}; {try_next}")
 
 
 def _environment_errors(completion: dict) -> tuple[int, list[dict]]:

@@ -43,6 +43,8 @@ def test_the_warning_counts_the_codes_quotes_the_commonest_and_says_what_to_try(
                               "not match the action schema (enum at /color; 1 problem(s))): the replies are JSON "
                               "but break the action schema")
     assert "protocol-error reward" in warning and "kiln openenv inspect URL" in warning
+    # QA: "so most groups have anything to learn from" read as the opposite; the count says what is lost
+    assert "so a group has less to learn from (1 of 2 had every episode refused)" in warning
 
 
 def test_exactly_half_warns_and_each_code_has_its_advice():

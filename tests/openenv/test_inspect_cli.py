@@ -14,6 +14,7 @@ def test_inspect_prints_the_summary_and_hashes(capsys):
     out = capsys.readouterr().out
     assert "counter 0.1.0" in out and f"ws://127.0.0.1:{server.port}/ws" in out
     assert "openenv-http/1.x" in out and "discovery sha256  sha256:" in out
+    assert "openapi version   1.0.0 (info.version)" in out  # not the document's "openapi": "3.1.0"
     assert "\x1b" not in out  # server text cannot drive the terminal
 
 
