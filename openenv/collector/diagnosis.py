@@ -27,8 +27,10 @@ WARN_AT_SHARE = 0.5  # warn when at least this share of the episodes ended at a 
 ADVICE = {
     "ACTION_SCHEMA_VALIDATION_FAILED": "the replies are JSON but break the action schema in the system prompt",
     "INVALID_MODEL_ACTION": "the replies are not one JSON object",
-    "MODEL_ACTION_NO_OUTPUT": "generation ended while the policy was still thinking (raise --max-action-tokens "
-                              "or --thinking-budget-tokens)",
+    # a thinking budget is what closes the reasoning early enough to leave tokens for the action
+    "MODEL_ACTION_NO_OUTPUT": "generation ended while the policy was still thinking (raise --max-action-tokens, "
+                              "or set --thinking-budget-tokens below it so the reasoning closes with room left "
+                              "for the action)",
 }
 
 
