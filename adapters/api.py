@@ -128,10 +128,11 @@ def get_adapter(request, name: str):
 
 
 @router.delete("/{name}", summary="Delete an adapter: its folder and checkpoints (receipts and history stay)")
-def delete_adapter(request, name: str, reason: str = ""):
+def delete_adapter(request, name: str, reason: str = "", force: bool = False):
+    """`force=true` deletes an adapter other adapters were trained from (else 409 adapter_has_descendants)."""
     require_permission(request, "submit_job")
     _get_or_404(name)
-    return services.adapter_delete(name=name, actor=request.user, reason=reason)
+    return services.adapter_delete(name=name, actor=request.user, reason=reason, force=force)
 
 
 @router.get("/{name}/detail", summary="Files, history, training job, evaluations, lineage and receipts")

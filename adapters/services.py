@@ -221,6 +221,19 @@ def _refuse_while_a_training_builds_on(name: str) -> None:
                                  "then delete")
 
 
+def _refuse_while_descendants_name(name: str) -> None:
+    """QA: deleting math-r001 left math-r002 (trained from it) with `kiln adapters verify` reporting its
+    base_adapter link broken, and nothing warned. Their receipts still name it, so say so first."""
+    children = sorted(Adapter.objects.filter(base_adapter=name, state=AdapterState.PUBLISHED).values_list("name", flat=True))
+    if children:
+        shown = ", ".join(repr(child) for child in children[:5]) + (f" and {len(children) - 5} more"
+                                                                  if len(children) > 5 else "")
+        raise KilnError("adapter_has_descendants", f"adapter {name!r} is the base adapter of {shown}: deleting it "
+                        "breaks their lineage (kiln adapters verify reports the base_adapter link broken)", status=409,
+                        hint=f"keep it as the audit trail of what was trained from it, or delete it anyway with "
+                             f"force=true (kiln adapters delete {name} --force)")
+
+
 def _refuse_while_promotion_open(name: str) -> None:
     """A reviewer must not be left deciding on an adapter that is gone: delete it only once its
     pending or approved promotions are decided and applied (409 adapter_promotion_open)."""
@@ -332,11 +345,12 @@ def adapter_check_delete(*, adapter: Adapter, user) -> None:
                              code="adapter_delete_forbidden")
 
 
-def adapter_delete(*, name: str, actor=None, reason: str = "") -> dict:
+def adapter_delete(*, name: str, actor=None, reason: str = "", force: bool = False) -> dict:
     """Remove an adapter that is neither active nor being written: its row, its folder and its
     checkpoints. Its receipts and transitions stay as rows. Folders leave by a rename to a hidden
     sibling first, so no reader ever sees half an adapter. `actor` must own it or hold
-    jobs.delete_others_jobs (adapter_check_delete)."""
+    jobs.delete_others_jobs (adapter_check_delete). An adapter other published adapters were trained
+    from is kept unless `force` (409 adapter_has_descendants): their lineage would break."""
     with transaction.atomic():
         serialize(REGISTRY)  # a promotion being requested for it now is either seen below or sees it gone
         adapter = _locked(name)
@@ -349,6 +363,8 @@ def adapter_delete(*, name: str, actor=None, reason: str = "") -> dict:
                             status=409, hint=f"kiln adapters unload {name} (POST /v1/adapters/unload)")
         _refuse_while_promotion_open(name)
         _refuse_while_a_training_builds_on(name)
+        if not force:
+            _refuse_while_descendants_name(name)
         folders = [p for p in [Path(adapter.path)] if adapter.path and p.is_dir() and _inside_registry(p)]
         folders += adapter_checkpoints(name)
         adapter.delete()

@@ -46,6 +46,9 @@ def add_parser(subparsers, common) -> None:
         if verb == "load":
             command.add_argument("--allow-quarantined", action="store_true",
                                  help="load even if a serving canary quarantined it")
+        if verb == "delete":
+            command.add_argument("--force", action="store_true",
+                                 help="delete it even though other adapters were trained from it (their lineage breaks)")
     add_verify_parser(sub, common)
     adapters.set_defaults(handler=run)
 
@@ -156,7 +159,8 @@ def run(args) -> int:
             print(f"not kept: {', '.join(ignored)}")
         return 0
     if command == "delete":
-        params = {"reason": args.reason} if args.reason else None
+        params = {key: value for key, value in (("reason", args.reason), ("force", "true" if args.force else ""))
+                  if value} or None
         result = client.delete(api_path("/v1/adapters", args.name), params=params)
         print_json(result) if args.json else print(f"deleted {result['name']} "
                                                    f"({len(result.get('removed') or [])} folder(s) removed)")

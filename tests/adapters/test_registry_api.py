@@ -200,6 +200,21 @@ def test_delete_refuses_the_base_of_a_training_still_to_run(api, home, peft_adap
     assert ok(api.delete("/v1/adapters/math-r001"))["status"] == "deleted"
 
 
+def test_delete_keeps_an_adapter_others_were_trained_from_unless_forced(api, home, peft_adapter):
+    """QA: deleting math-r001 broke the lineage of math-r002 (trained from it) without a word; now it is
+    refused with the children named, and force=true deletes it anyway."""
+    publish(home, peft_adapter, "math-r001")
+    publish(home, peft_adapter, "math-r002", base_adapter="math-r001")
+    message = error(api.delete("/v1/adapters/math-r001"), 409, "adapter_has_descendants")
+    assert "'math-r002'" in message and "lineage" in message
+    assert (home / "adapters" / "math-r001").is_dir() and Adapter.objects.filter(name="math-r001").exists()
+    assert ok(api.delete("/v1/adapters/math-r002"))["status"] == "deleted"  # a leaf goes as before
+    publish(home, peft_adapter, "math-r003", base_adapter="math-r001")
+    assert ok(api.delete("/v1/adapters/math-r001?force=true"))["status"] == "deleted"
+    assert not (home / "adapters" / "math-r001").exists()
+    assert _history("math-r001")[-1][1] == "deleted"
+
+
 def test_the_training_services_record_their_transitions(home, peft_adapter, django_user_model):
     user = django_user_model.objects.create_user(username="sub", password="long-enough-pw")
     job = _job(user=user)
