@@ -55,14 +55,23 @@ POST_EVAL_CONFIG = {
                        choices={"data_scope": DATA_SCOPES}),
     "additionalProperties": False,
 }
+# reference-spec 2.1: the field names core.contracts.groups reads (a client generated from this document must
+# send `trajectory` and `provenance`; unknown fields are ignored, so a wrong name would silently drop them)
+SCORED_ROLLOUT = {"title": "ScoredRollout", "type": "object", "additionalProperties": True, "required": ["text", "reward"],
+                  "properties": {
+                      "text": {"type": "string"},
+                      "reward": {"type": "number", "description": "finite"},
+                      "trajectory": {"type": "array", "items": {"type": "object"},
+                                     "description": "TurnSegments {role, content, kind: context|action|observation}"},
+                      "provenance": {"type": "object", "description": "kiln.rollout-provenance.v1, as "
+                                     "`kiln rollout-generate` writes it (needed by the recorded behavior policy)"},
+                      "openenv": {"type": "object", "description": "kiln.openenv-rollout.v1 (OpenEnv episodes)"}}}
 GROUP = {"title": "AgenticGroup", "type": "object", "additionalProperties": True,
-         "required": ["messages", "completions"],
+         "required": ["messages"],
+         "description": "exactly one of completions and its alias rollouts",
          "properties": {"messages": {"type": "array", "items": {"type": "object"}},
-                        "completions": {"type": "array", "items": {
-                            "type": "object", "additionalProperties": True,
-                            "properties": {"text": {"type": "string"}, "reward": {"type": "number"},
-                                           "segments": {"type": "array", "items": {"type": "object"}},
-                                           "rollout_provenance": {"type": "object"}}}}}}
+                        "completions": {"type": "array", "items": SCORED_ROLLOUT},
+                        "rollouts": {"type": "array", "items": SCORED_ROLLOUT}}}
 GRPO_REQUEST = {
     "title": "GrpoRequest", "type": "object", "additionalProperties": True,
     "description": "Exactly one source: groups (inline), dataset_path (a JSONL file on the server) or dataset.",

@@ -40,6 +40,13 @@ def test_openapi_has_a_request_body_for_every_post_and_put_and_describes_the_grp
     post_eval = request["post_eval"]["anyOf"][0]
     assert post_eval["title"] == "PostEvalConfig" and post_eval["properties"]["data_scope"]["enum"] == [
         "held-out", "train-set-eval"]
+    # QA: the group's rollout listed `segments` / `rollout_provenance`, names the contract ignores (a client
+    # generated from the document lost its provenance); they are the names core.contracts.groups reads
+    group = request["groups"]["items"]
+    for alias in ("completions", "rollouts"):
+        rollout = group["properties"][alias]["items"]
+        assert set(rollout["properties"]) == {"text", "reward", "trajectory", "provenance", "openenv"}
+        assert rollout["required"] == ["text", "reward"]
     grpo = doc["paths"]["/v1/train/grpo"]["post"]
     assert grpo["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/GrpoRequest")
     answers = grpo["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]  # queued, or a dry run's plan
