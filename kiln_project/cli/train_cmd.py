@@ -347,9 +347,18 @@ def run(args) -> int:
         detail = client.get(api_path("/v1/train/jobs", job_id_arg(args.job_id, "training job")))
         route, body = resume_request(detail, args.checkpoint)
         response = client.post(route, json=body)
-        print(f"queued {response['job_id']}: resumes {detail.get('adapter_name')} from "
-              f"{body['config']['resume_checkpoint']}", flush=True)
-        return _final(follow_training(client, response["job_id"]), args.json) if args.follow else 0
+        if args.follow:
+            if not args.json:  # the id first: an interrupted follow leaves it on screen
+                print(f"queued {response['job_id']}: resumes {detail.get('adapter_name')} from "
+                      f"{body['config']['resume_checkpoint']}", flush=True)
+            return _final(follow_training(client, response["job_id"]), args.json)
+        if args.json:  # QA: `kiln train resume --json | jq -r .job_id` got the text line
+            print_json({**response, "resumes": detail.get("adapter_name"),
+                        "resume_checkpoint": body["config"]["resume_checkpoint"]})
+        else:
+            print(f"queued {response['job_id']}: resumes {detail.get('adapter_name')} from "
+                  f"{body['config']['resume_checkpoint']}")
+        return 0
     if args.train_command == "cancel":
         response = client.delete(api_path("/v1/train/queue", job_id_arg(args.job_id, "training job")))
         print_json(response) if args.json else print(f"{response['status']} {response['job_id']}")

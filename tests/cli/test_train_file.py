@@ -165,3 +165,36 @@ def test_no_auto_load_publishes_without_activating(tmp_path):
     assert _with_config({"groups": [GROUP]}, args)["config"]["auto_load"] is False
     args.no_auto_load = False
     assert "auto_load" not in _with_config({"groups": [GROUP]}, args)["config"]
+
+
+class ResumeClient:
+    """GET of a stopped job with a checkpoint and its replay request; POST queues the resume."""
+
+    def __init__(self, url):
+        self.posted = []
+
+    def get(self, path):
+        return {"job_id": "j1", "adapter_name": "a-r001",
+                "latest_checkpoint": {"resume_checkpoint": "a-r001-checkpoint-step-00000005.kiln-checkpoint"},
+                "replay_request": {"route": "/v1/train/grpo", "body": {"dataset_path": "/d.jsonl",
+                                                                       "config": {"output_name": "a-r001"}}}}
+
+    def post(self, path, json):
+        self.posted.append((path, json))
+        return {"job_id": "j2", "state": "queued", "effective_seed": "7", "message": "queued"}
+
+
+def test_resume_json_prints_one_json_object(monkeypatch, capsys):
+    """QA: `kiln train resume --json | jq -r .job_id` got the text line `queued j2: resumes ...`."""
+    from kiln_project.cli import train_cmd
+
+    monkeypatch.setattr(train_cmd, "KilnClient", ResumeClient)
+    args = Namespace(url=None, train_command="resume", job_id="3f1f8c5e-0000-4000-8000-000000000001", checkpoint=None,
+                     follow=False, json=True)
+    assert train_cmd.run(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["job_id"] == "j2" and printed["resumes"] == "a-r001"
+    assert printed["resume_checkpoint"] == "a-r001-checkpoint-step-00000005.kiln-checkpoint"
+    args.json = False
+    assert train_cmd.run(args) == 0
+    assert capsys.readouterr().out == "queued j2: resumes a-r001 from a-r001-checkpoint-step-00000005.kiln-checkpoint\n"
