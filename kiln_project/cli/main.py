@@ -135,5 +135,18 @@ def config_error(exc: ConfigError) -> CliError:
     return CliError(exc.code, _one_line(exc.message), exc.hint)
 
 
+def check_config() -> int:
+    """scripts/serve's first look at the settings, before manage.py (whose settings module would raise the
+    same refusal as a traceback): 0, or kiln serve's one `invalid_config` line and 1."""
+    from kiln_project.config import load_config
+
+    try:
+        load_config()
+    except ConfigError as exc:
+        print(config_error(exc).line(), file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
     sys.exit(main())

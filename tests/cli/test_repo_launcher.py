@@ -10,10 +10,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _launch(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
+def _launch(*args: str, cwd: Path, home: Path, **settings: str) -> subprocess.CompletedProcess:
     # A user's shell: none of the test run's settings (its KILN_* and Django settings module).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "DJANGO_"))}
     env["KILN_HOME"] = str(home)
+    env.update(settings)
     return subprocess.run([str(REPO / "kiln"), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -38,3 +39,14 @@ def test_serve_sets_kiln_up_first_then_runs_kiln_serve(tmp_path):
     assert "[training.defaults]" in (home / "kiln.toml").read_text()
     assert (home / "cli-token").read_text().startswith("kiln_")
     assert "log in at http://127.0.0.1:" in done.stdout
+
+
+def test_serve_refuses_a_bad_setting_in_one_line_before_migrating(tmp_path):
+    """QA: a misspelt KILN_SERVER_SERVING_PROFILE crashed inside `manage.py migrate` with a 33-line
+    traceback; kiln serve itself answers one invalid_config line."""
+    home = tmp_path / "home"
+    done = _launch("serve", "--help", cwd=tmp_path, home=home, KILN_SERVER_SERVING_PROFILE="maintainance")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "error: invalid_config: serving profile must be one of stable, maintenance, experimental" in done.stderr
+    assert not (home / "kiln.sqlite3").exists()  # nothing migrated
