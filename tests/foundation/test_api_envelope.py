@@ -297,6 +297,11 @@ def test_password_guessing_on_the_login_page_is_throttled(client):
     admin = client.post("/admin/login/", {"username": "target", "password": "the-right-password"},
                         REMOTE_ADDR="10.1.1.1")
     assert admin.status_code == 429  # per account, whatever the address
+    assert "15:00" in locked.content.decode() and "axes_reset_username target" in locked.content.decode()
+    # QA: the lock was per address too, so behind a shared proxy ten typos locked every user out
+    user_create(username="colleague", password="another-right-password")
+    colleague = client.post("/ui/login/", {"username": "colleague", "password": "another-right-password"})
+    assert colleague.status_code == 302
 
 
 @pytest.mark.parametrize("stream", [False, True])
