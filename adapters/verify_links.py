@@ -410,11 +410,27 @@ def _promotion(chain: Chain):
         if bound != (content, promotion.evidence_sha256):
             return broken("promotion", f"{row.kind} receipt row {row.id} binds other content or evidence",
                           [content, promotion.evidence_sha256], list(bound))
+    people = _people_problem(promotion, requests[-1], approvals[-1])
+    if people:
+        return broken("promotion", *people)
     decision = approvals[-1].body
     override = " (an override of its alarms)" if decision.get("override") else ""
     return ok("promotion", f"promotion {promotion.id} approved by {decision.get('actor') or 'someone'}{override}: "
               f"{decision.get('reason')} (approval row {approvals[-1].id})", promotion.evidence_sha256,
               promotion.evidence_sha256)
+
+
+def _people_problem(promotion, request_row, approval_row) -> tuple | None:
+    """QA: an approval row rewritten to another approver (its digest recomputed) passed, while the promotion
+    row still named the real one. The rows must name who the promotion row says requested and decided it
+    (a user deleted since is no longer named there: nothing to compare)."""
+    for row, field, user in ((request_row, "requested_by", promotion.requested_by),
+                             (approval_row, "actor", promotion.decided_by)):
+        if user is not None and row.body.get(field) != user.username:
+            return (f"{row.kind} receipt row {row.id} names {row.body.get(field)!r}, promotion {promotion.id} was "
+                    f"{'requested' if field == 'requested_by' else 'decided'} by {user.username!r}",
+                    user.username, row.body.get(field))
+    return None
 
 
 @register_link("receipts.rows")

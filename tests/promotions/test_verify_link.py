@@ -43,6 +43,23 @@ def test_a_tampered_approval_row_breaks_the_promotion_link(home):
     assert report.first_broken.link == "promotion" and "altered" in report.first_broken.detail
 
 
+@pytest.mark.parametrize(("kind", "field"), [("approval", "actor"), ("promotion", "requested_by")])
+def test_a_row_forged_with_its_digest_recomputed_must_name_who_the_promotion_row_does(home, kind, field):
+    """QA: the approval row rewritten to another approver with its sha256 recomputed passed verify
+    ("approved by mallory") while the promotion row said the reviewer decided it."""
+    from core.canonical import json_digest
+
+    _approved(home)
+    row = Receipt.objects.get(kind=kind, subject="gated")
+    forged = {**row.body, field: "mallory"}
+    tamper_row(row, forged)
+    Receipt.objects.filter(id=row.id).update(sha256=json_digest(forged))
+    report = verify_adapter("gated")
+    assert report.first_broken.link == "promotion", report.to_dict()
+    assert "names 'mallory'" in report.first_broken.detail
+    assert ("'reviewer'" if kind == "approval" else "'requester'") in report.first_broken.detail
+
+
 def test_an_approval_row_bound_to_other_evidence_breaks_the_link(home):
     """A second, well-formed row claiming another evidence digest (hashes fine, binds the wrong thing)."""
     from core.receipts import receipt_record
