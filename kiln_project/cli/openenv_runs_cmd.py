@@ -42,7 +42,7 @@ from kiln_project.cli.openenv_run_text import (
     stats_lines,
     trainer_text,
 )
-from kiln_project.cli.output import check_output_path, print_json, print_table
+from kiln_project.cli.output import check_output_path, fetch_through_restarts, print_json, print_table
 
 COMMANDS = ("start", "runs", "status", "artifact", "cancel", "train")
 MAX_REQUEST_BYTES = 1024 * 1024
@@ -354,6 +354,7 @@ def _start(client: KilnClient, args) -> int:
 
 
 def _follow(client: KilnClient, status: dict, args) -> int:
+    path = _path(status["run_id"])
     last = None
     while True:
         line = progress_line(status)
@@ -363,7 +364,7 @@ def _follow(client: KilnClient, status: dict, args) -> int:
         if status["state"] in TERMINAL:
             break
         time.sleep(POLL_SECONDS)
-        status = client.get(_path(status["run_id"]))
+        status = fetch_through_restarts(lambda: client.get(path))
     if args.json:
         print_json(status)
     return _outcome(status)

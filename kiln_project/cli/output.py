@@ -50,6 +50,38 @@ class ProgressBar:
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 
 
+# While following, a server that went away for a moment (kiln serve restarting its web process, Redis
+# briefly gone) is waited for: the job goes on on the server, so the follower should not give up on it.
+TRANSIENT_CODES = frozenset({"connection_failed", "service_unavailable", "server_shutting_down"})
+RECONNECT_SECONDS = 60.0
+
+
+def fetch_through_restarts(fetch, *, grace_seconds: float | None = None, stream=None):
+    """fetch(), asked again each second while the server does not answer (TRANSIENT_CODES), for up to
+    grace_seconds; one line on stderr says so. QA: `kiln eval run --follow` exited 1 connection_failed
+    while kiln serve brought its web process back within 2 s, and the eval completed."""
+    import time
+
+    from kiln_project.cli.client import CliError
+
+    grace_seconds = RECONNECT_SECONDS if grace_seconds is None else grace_seconds
+    deadline = None
+    while True:
+        try:
+            return fetch()
+        except CliError as exc:
+            if exc.code not in TRANSIENT_CODES:
+                raise
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + grace_seconds
+                print(f"kiln: the server did not answer ({exc.code}); asking again for up to {grace_seconds:.0f} s "
+                      "(the work goes on on the server)", file=stream or sys.stderr, flush=True)
+            if now >= deadline:
+                raise
+            time.sleep(1.0)
+
+
 def follow(fetch, label, *, poll_seconds: float = 0.5) -> dict:
     """Call fetch() until its "state" is terminal, drawing progress with label(status); return the last."""
     import time
@@ -57,7 +89,7 @@ def follow(fetch, label, *, poll_seconds: float = 0.5) -> dict:
     bar = ProgressBar()
     try:
         while True:
-            status = fetch()
+            status = fetch_through_restarts(fetch)
             bar.update(status["progress"], label(status))
             if status["state"] in TERMINAL_STATES:
                 return status

@@ -132,3 +132,31 @@ def test_train_status_follow_waits_for_the_post_eval_gate(server, capsys, monkey
     assert code == 0
     assert out.splitlines()[0] == f"{JOB}  completed  adapter a-r1  gate promoted"
     assert [path for _, path in server.requests].count(f"/v1/train/status/{JOB}") == 3
+
+
+def test_follow_waits_for_a_server_that_went_away_for_a_moment(server, capsys, monkeypatch):
+    """QA: `--follow` exited 1 connection_failed while kiln serve brought its web process back in 2 s
+    and the job completed; now it asks again (one line says so) and reports the job's real end."""
+    import kiln_project.cli.output as output
+
+    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    answers = iter(["running", "down", "down", "shutting", "completed"])
+
+    def answer(request):
+        state = next(answers)
+        if state == "down":
+            raise httpx.ConnectError("connection refused")
+        if state == "shutting":
+            return httpx.Response(503, json={"error": {"code": "server_shutting_down", "message": "restart",
+                                                       "hint": "retry"}}, headers={"Retry-After": "1"})
+        return httpx.Response(200, json=_job(state))
+
+    server.answer = answer
+    code, out, err = _run(capsys, "jobs", "show", JOB, "--follow")
+    assert code == 0 and f"{JOB}  grpo  completed  100%" in out
+    assert err.count("the server did not answer (connection_failed); asking again") == 1
+    # past the grace period the follower gives up with the transport's one line
+    server.answer = lambda request: (_ for _ in ()).throw(httpx.ConnectError("connection refused"))
+    monkeypatch.setattr(output, "RECONNECT_SECONDS", 0.0)
+    code, _, err = _run(capsys, "jobs", "show", JOB, "--follow")
+    assert code == 1 and "error: connection_failed" in err
