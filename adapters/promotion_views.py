@@ -186,6 +186,7 @@ def _detail_context(request, promotion, *, error: KilnError | None = None, decis
         "error": error,
         "decision": decision,
         "reason": reason,
+        "max_reason_chars": promotion_services.MAX_REASON_CHARS,  # the textarea stops where the service would refuse
     }
 
 

@@ -82,7 +82,7 @@ def _require_reason(reason: str) -> str:
     reason = _check_reason(reason)
     if not reason:
         raise KilnError("reason_required", "reason: a decision needs a reason", status=400, field="reason",
-                        hint="say why, e.g. --reason 'held-out accuracy improved'")
+                        hint="say why in the reason, e.g. 'held-out accuracy improved' (the CLI's --reason)")
     return reason
 
 

@@ -141,7 +141,7 @@ def _selection(query) -> dict:
 
 
 def cards_context(selection: dict | None = None) -> dict:
-    from openenv.runs.selectors import run_get, run_status, runs_status_list
+    from openenv.runs.selectors import run_get, run_owner_ids, run_status, runs_status_list
 
     selection = selection or {}
     older = None
@@ -157,6 +157,11 @@ def cards_context(selection: dict | None = None) -> dict:
             statuses = statuses[:CARD_LIMIT]
             older = statuses[-1]["admission"]["sequence"]
     cards = [_with_curves(card(status)) for status in statuses]
+    # who may cancel: the run document names no user, so the owners are read beside it (QA: every card
+    # offered Cancel to users the service then refused with openenv_run_cancel_forbidden)
+    owners = run_owner_ids([c["run_id"] for c in cards])
+    for c in cards:
+        c["owner_id"] = owners.get(str(c["run_id"]))
     # the polling fragment keeps the page's selection, so a refresh does not jump back to the newest
     return {"cards": cards, "any_active": any(c["active"] for c in cards), "older_before": older,
             "selection_query": "".join(f"&{key}={value}" for key, value in selection.items())}

@@ -204,3 +204,9 @@ def run_status(run: OpenEnvRun) -> dict:
 
 def runs_status_list(*, limit: int = 200, before: int | None = None) -> dict:
     return {"schema": LIST_SCHEMA, "runs": [run_status(run) for run in run_list(limit=limit, before=before)]}
+
+
+def run_owner_ids(run_ids: list) -> dict[str, int | None]:
+    """{run id: the submitting user's id (None: anonymous)} for the given runs."""
+    return {str(row["id"]): row["submitted_by_id"]
+            for row in OpenEnvRun.objects.filter(id__in=[r for r in run_ids if r]).values("id", "submitted_by_id")}

@@ -145,6 +145,12 @@ def test_the_training_job_page_shows_the_three_states_and_the_gate(home, django_
 
     training = _gated_training_with_a_changed_suite("cand3", home, django_capture_on_commit_callbacks,
                                                     auto_load=True)
+    from django.utils import timezone
+
+    from core.jobs.models import Job
+
+    finished = timezone.now().replace(microsecond=0)
+    Job.objects.filter(id=training.id).update(finished_at=finished)
     client = Client()
     client.force_login(user_create(username="looker", password="long-enough-pw"))
     html = client.get(f"/ui/jobs/{training.uuid}/").content.decode()
@@ -152,6 +158,10 @@ def test_the_training_job_page_shows_the_three_states_and_the_gate(home, django_
     assert "gate <strong>error</strong>" in html
     assert 'id="gate-evidence" data-outcome="error"' in html
     assert "not active (gate error)" in html
+    # QA: these times read "Dec. 6, 2026, 10:58 a.m."; every other time on the pages is ISO UTC
+    state = html.split('id="state-training"', 1)[1].split("</dd>", 1)[0]
+    assert f'<time datetime="{finished.isoformat()}"' in state
+    assert finished.strftime("%Y-%m-%d %H:%M:%S") in state and "a.m." not in html and "p.m." not in html
 
 
 def test_a_post_eval_that_died_before_deciding_is_the_gates_error(home, django_capture_on_commit_callbacks):

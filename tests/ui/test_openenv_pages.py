@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 import pytest
 from django.http import QueryDict
+from django.test import Client
 from django.utils import timezone
 
 from core.jobs.models import JobState
@@ -269,6 +270,21 @@ def test_cancel_posts_to_the_cancel_service(operator_client, operator, viewer_cl
         .status_code == 404
     back = operator_client.get(f"/ui/training/openenv/runs/{run.id}/cancel/")  # back to a page, cancels nothing
     assert back.status_code == 302 and back["Location"].startswith("/ui/training/openenv/")
+
+
+def test_another_submitters_card_offers_no_cancel(operator_client, operator):
+    """QA: every active card showed "Cancel run" to users the service then refused
+    (openenv_run_cancel_forbidden); a job page already hid it from non-owners."""
+    from core.accounts.services import user_create
+    from tests.ui.conftest import PASSWORD
+
+    run, _ = run_submit(request=normalize({"kind": "rollout", "environment_urls": [URL_A]}), user=operator)
+    colleague = Client()
+    colleague.force_login(user_create(username="colleague", password=PASSWORD))
+    page = colleague.get(PAGE).content.decode()
+    assert f'action="/ui/training/openenv/runs/{run.id}/cancel/"' not in page
+    assert "Cancelling another user's run needs the delete_others_jobs permission" in page
+    assert f'action="/ui/training/openenv/runs/{run.id}/cancel/"' in operator_client.get(PAGE).content.decode()
 
 
 STATS = {"mean_episode_return": 0.625, "min_episode_return": -1.0, "max_episode_return": 2.5, "done_count": 5,

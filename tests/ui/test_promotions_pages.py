@@ -254,6 +254,8 @@ def test_a_reason_is_required(home, team):
         assert response.status_code == 400
         html = _html(response)
         assert _text(html, "decision-error-code") == "reason_required" and f"Could not {action}" in html
+        # QA: the page's hint told a browser user to pass the CLI's --reason; the box had no limit
+        assert "say why in the reason" in html and html.count('maxlength="2000"') == 2
     assert Promotion.objects.get(id=promotion.id).state == "pending"
     back = client.get(f"/ui/promotions/{promotion.id}/approve/")  # a reloaded form action: its page
     assert (back.status_code, back["Location"]) == (302, f"/ui/promotions/{promotion.id}/")
