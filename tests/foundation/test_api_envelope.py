@@ -172,6 +172,15 @@ def test_anonymous_api_only_when_enabled_and_from_loopback(client, settings):
     settings.KILN = replace(settings.KILN, allow_anonymous_api=True)
     assert client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1").status_code == 200
     _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="10.1.2.3"), 401, "unauthorized")
+    # QA: the openai client needs some api_key; a placeholder that is no Kiln token reads as none here
+    assert client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer EMPTY").status_code == 200
+    # ...but a wrong Kiln token is still a mistake to report, and elsewhere a placeholder is refused
+    _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer kiln_stale"), 401,
+                     "unauthorized")
+    _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION="Bearer EMPTY"), 401,
+                     "unauthorized")
+    _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer EMPTY",
+                                HTTP_ORIGIN="https://evil.example"), 401, "unauthorized")
 
 
 def test_anonymous_loopback_access_submits_work_but_never_for_a_web_page(client, settings, tmp_path):
