@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.conf import settings
 
 from core.errors import KilnError, clip
@@ -62,13 +64,22 @@ def served_models() -> list[dict]:
     base = served_base_model_id()
     if base is None:
         return []
-    models = [{"id": base, "object": "model", "created": 0, "owned_by": "kiln",
+    models = [{"id": base, "object": "model", "created": _model_created(settings.KILN.model_path), "owned_by": "kiln",
                "root": str(settings.KILN.model_path or "")}]
     for adapter in _servable_adapters():
         published = adapter.published_at or adapter.created_at
         models.append({"id": adapter.name, "object": "model", "created": int(published.timestamp()),
                        "owned_by": "kiln", "root": adapter.path, "parent": base})
     return models
+
+
+def _model_created(model_path) -> int:
+    """When the base model's files were written (its config.json's modification time), as the Unix time
+    OpenAI's `created` is; 0 when it cannot be read (QA saw 0 always)."""
+    try:
+        return int((Path(model_path) / "config.json").stat().st_mtime) if model_path else 0
+    except OSError:
+        return 0
 
 
 def adapter_named_by_model(model: str) -> str | None:

@@ -177,7 +177,11 @@ def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletab
             job.refresh_from_db()
             if job.deleted_at is not None:
                 raise KilnError(not_found_code, f"job {job.uuid} was already deleted", status=404)
-            raise KilnError(not_finished_code, f"job {job.uuid} is {job.state}; cancel it first", status=409)
+            raise KilnError(not_finished_code, f"job {job.uuid} is {job.state}; cancel it first", status=409,
+                            hint=f"cancel it (kiln jobs cancel {job.uuid}, or DELETE /v1/train/queue/{job.uuid} for "
+                                 "a training), wait until it has stopped, then delete it"
+                            if job.kind.startswith("training") else
+                            f"cancel it (kiln jobs cancel {job.uuid}), wait until it has stopped, then delete it")
         _event(job, "deleted", f"deleted by {who}")
     job.refresh_from_db()
     return job

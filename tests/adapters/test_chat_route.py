@@ -174,7 +174,7 @@ def test_model_naming_a_published_adapter_serves_it(api, home, peft_adapter, wor
     assert served == ["ad2", "base", "active-one", "active-one", "active-one"]
 
 
-def test_models_lists_the_servable_adapters_beside_the_base_model(api, home, peft_adapter, worker):
+def test_models_lists_the_servable_adapters_beside_the_base_model(api, home, peft_adapter, worker, settings):
     from adapters.models import Adapter
 
     publish(home, peft_adapter, "ad2")
@@ -184,5 +184,15 @@ def test_models_lists_the_servable_adapters_beside_the_base_model(api, home, pef
     assert [(m["id"], m["owned_by"], m.get("parent")) for m in models] == [(BASE_ID, "kiln", None),
                                                                            ("ad2", "kiln", BASE_ID)]
     assert ok(api.get("/v1/models/ad2"))["parent"] == BASE_ID
+    assert models[1]["created"] == int(Adapter.objects.get(name="ad2").published_at.timestamp())
+    # QA: the base model's `created` was always 0; it is when its files were written
+    from dataclasses import replace
+
+    model_dir = home / "a-model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    os.utime(model_dir / "config.json", (1_700_000_000, 1_700_000_000))
+    settings.KILN = replace(settings.KILN, model_path=model_dir)
+    assert ok(api.get("/v1/models"))["data"][0]["created"] == 1_700_000_000
     error(api.get("/v1/models/bad"), 404, "model_not_found")
     error(send(api, "post", "/v1/chat/completions", {"messages": HI, "model": "bad"}), 409, "adapter_quarantined")

@@ -72,7 +72,9 @@ def test_unknown_fields_are_ignored_and_bad_values_keep_their_stable_codes(api):
 
 def test_deleting_a_finished_job_keeps_its_row_and_events(api):
     job_id = _post(api, {"groups": [GROUP], "config": {"output_name": "typed-r002"}}).json()["job_id"]
-    assert api.delete(f"/v1/train/jobs/{job_id}").json()["error"]["code"] == "training_job_already_started"
+    refused = api.delete(f"/v1/train/jobs/{job_id}").json()["error"]
+    assert refused["code"] == "training_job_already_started"
+    assert f"DELETE /v1/train/queue/{job_id}" in refused["hint"]  # QA: the hint was the generic "read again"
     Job.objects.filter(uuid=job_id).update(state=JobState.FAILED)
     detail = api.get(f"/v1/train/jobs/{job_id}").json()
     assert detail["state"] == "failed"
