@@ -3,11 +3,13 @@
 
 from django.urls import path
 
-from adapters import promotion_views, views
+from adapters import promotion_views, ui_actions, views
 
 urlpatterns = [
     path("", views.adapters, name="adapters"),
     path("<str:name>/", views.adapter_detail, name="adapter_detail"),
+    path("<str:name>/activate/", ui_actions.adapter_activate_view, name="adapter_activate"),
+    path("<str:name>/delete/", ui_actions.adapter_delete_view, name="adapter_delete"),
 ]
 promotion_urlpatterns = [
     path("", promotion_views.promotions, name="promotions"),
