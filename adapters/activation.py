@@ -144,6 +144,11 @@ def make_active(*, name: str, actor=None, reason: str, job=None, canary: dict | 
             "canary": {"sha256": canary.get("sha256"), "passed": canary.get("passed")} if canary else None,
             **(receipt_extra or {})}
     receipt_record(kind=ReceiptKind.ACTIVATION, subject=name, job=job, body=body)
+    # A request to make it active that is still pending is fulfilled: left pending, its approval only
+    # answered promotion_stale and it blocked deleting the adapter (QA, after a direct load).
+    Promotion.objects.filter(state=PromotionState.PENDING, candidate=name).update(
+        state=PromotionState.SUPERSEDED, decided_at=timezone.now(),
+        reason=f"{name} was made active otherwise by {_username(actor) or 'the system'}: {reason}"[:2000])
     return Adapter.objects.get(id=adapter.id)
 
 

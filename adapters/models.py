@@ -90,7 +90,7 @@ class PromotionState(models.TextChoices):
     APPROVED = "approved"  # decided; its activation job runs the serving canary, then applies it (or fails)
     REJECTED = "rejected"
     APPLIED = "applied"  # the candidate became the active adapter
-    SUPERSEDED = "superseded"  # another promotion for the same incumbent was applied first
+    SUPERSEDED = "superseded"  # another promotion for the same incumbent was applied first, or its candidate was made active otherwise
     FAILED = "failed"  # approved, but activating the candidate failed (the reason says why)
 
 

@@ -63,8 +63,15 @@ def test_the_stable_codes(team, home):
     own = send(team["reviewer"], "/v1/promotions", {"candidate": "cand2"}).json()["id"]
     error(send(team["reviewer"], f"/v1/promotions/{own}/approve", {"reason": "mine"}), 403, "promotion_self_approval")
     assert send(team["other"], "/v1/adapters/load", {"name": "cand", "reason": "by hand"}).status_code == 200
-    error(send(team["reviewer"], f"/v1/promotions/{pid}/approve", {"reason": "ok"}), 409, "promotion_stale")
-    rejected = send(team["reviewer"], f"/v1/promotions/{pid}/reject", {"reason": "stale"})
+    # QA: the request for cand stayed pending after the direct load (approve: promotion_stale; and it kept
+    # cand from being deleted); it is fulfilled, so it is superseded, saying by whom
+    superseded = team["reviewer"].get(f"/v1/promotions/{pid}").json()
+    assert superseded["state"] == "superseded" and "cand was made active otherwise by other: by hand" in \
+        superseded["reason"]
+    error(send(team["reviewer"], f"/v1/promotions/{pid}/approve", {"reason": "ok"}), 409, "promotion_not_pending")
+    # a request with another candidate, made while inc was active, is stale now: approving it is refused
+    error(send(team["other"], f"/v1/promotions/{own}/approve", {"reason": "ok"}), 409, "promotion_stale")
+    rejected = send(team["other"], f"/v1/promotions/{own}/reject", {"reason": "stale"})
     assert rejected.status_code == 200 and rejected.json()["state"] == "rejected"
 
 
