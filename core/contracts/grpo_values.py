@@ -36,9 +36,23 @@ MAX_REWARD_FILTER_MIN_GROUPS = 100_000  # the most groups a corpus may hold
 MAX_GRAD_CHECKPOINT_SEGMENTS = 1024
 
 
+JSON_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"), (list, "an array"),
+              (dict, "an object"), (type(None), "null"))
+
+
+def shown(value: Any) -> str:
+    """A refused value as its sender wrote it, with its JSON kind: `'abc' (a string)`, not Python's `str`
+    (QA: a form user who typed abc read "got str")."""
+    kind = next((name for cls, name in JSON_KINDS if isinstance(value, cls)), type(value).__name__)
+    if value is None or isinstance(value, list | dict):
+        return kind
+    text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
+    return f"{text[:40]}... ({kind})" if len(text) > 40 else f"{text} ({kind})"
+
+
 def check_number(field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise GrpoConfigError(field, f"must be a number, got {type(value).__name__}")
+        raise GrpoConfigError(field, f"must be a number, got {shown(value)}")
     try:
         value = float(value)
     except OverflowError:  # an integer too large for a float, e.g. 10**400
@@ -54,7 +68,7 @@ def check_optional_number(field: str, value: Any) -> float | None:
 
 def check_int(field: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise GrpoConfigError(field, f"must be an integer, got {type(value).__name__}")
+        raise GrpoConfigError(field, f"must be an integer, got {shown(value)}")
     if minimum is not None and value < minimum:
         raise GrpoConfigError(field, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -64,7 +78,7 @@ def check_int(field: str, value: Any, *, minimum: int | None = None, maximum: in
 
 def check_bool(field: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise GrpoConfigError(field, f"must be true or false, got {type(value).__name__}")
+        raise GrpoConfigError(field, f"must be true or false, got {shown(value)}")
     return value
 
 

@@ -45,6 +45,15 @@ def test_a_negative_seed_gets_the_apis_bound_not_a_type_error(operator_client):
     assert Job.objects.count() == 0
 
 
+def test_a_word_in_a_number_field_is_quoted_not_named_by_its_python_type(operator_client):
+    """QA: LoRA rank `abc` said "must be an integer, got str"; a form user never sent a "str"."""
+    response = operator_client.post(GRPO, _grpo_form(lora_rank="abc"))
+    assert response.status_code == 400
+    error = _field_error(response.content.decode(), "lora_rank")
+    assert "config.lora_rank: must be an integer, got 'abc' (a string)" in error, error
+    assert Job.objects.count() == 0
+
+
 @pytest.mark.parametrize("seed, stored", [("7", "7"), ("18446744073709551615", "18446744073709551615")])
 def test_a_seed_from_the_form_is_the_jobs_seed(operator_client, seed, stored):
     response = operator_client.post(GRPO, _grpo_form(seed=seed))
