@@ -46,7 +46,11 @@ APPROVE_PERMISSION = APPROVE_PROMOTION
 # -- policy ----------------------------------------------------------------------------------------
 
 def self_approval_allowed() -> bool:
-    return bool(getattr(settings.KILN, "promotion_allow_self_approval", False))
+    """`[promotion] allow_self_approval`, or a sole active user: nobody else could approve (QA: on a
+    one-user install a flagged promotion, pending for its alarms, could never be approved)."""
+    from core.accounts.permissions import team_exists
+
+    return bool(getattr(settings.KILN, "promotion_allow_self_approval", False)) or not team_exists()
 
 
 # -- errors ----------------------------------------------------------------------------------------

@@ -86,6 +86,26 @@ def test_self_approval_is_refused_unless_the_policy_allows_it(home, settings):
     assert approve(promotion.id, reviewer, "looks good").state == "applied"
 
 
+def test_a_sole_user_may_approve_their_own_flagged_promotion(home, settings):
+    """QA: on a one-user install a promotion pending for its alarms could only be approved by "another
+    reviewer", and there was none; the approval row still records who approved their own request."""
+    from core.accounts.services import user_create
+    from core.models import Receipt
+
+    solo = user_create(username="solo", password="long-enough-pw", can_approve=True)
+    published(home, "mine")
+    promotion = promotion_request(candidate="mine", user=solo, reason="my round")
+    Promotion.objects.filter(id=promotion.id).update(alarms=["the gate compared it with another baseline"])
+    assert approve(promotion.id, solo, "I checked the alarm").state == "applied"
+    row = Receipt.objects.get(kind="approval", subject="mine").body
+    assert (row["actor"], row["decision"]) == ("solo", "approved")
+    assert Receipt.objects.get(kind="promotion", subject="mine").body["requested_by"] == "solo"
+    user_create(username="second", password="long-enough-pw")  # a team now: another reviewer must approve
+    published(home, "mine2")
+    again = promotion_request(candidate="mine2", user=solo, reason="next round")
+    assert _code(lambda: promotion_approve(promotion_id=again.id, user=solo, reason="x")) == "promotion_self_approval"
+
+
 def test_a_non_approver_cannot_decide(home):
     requester, _, _ = users()
     published(home, "c")
