@@ -302,3 +302,20 @@ def parse_request(body: dict, task: Task):
         raise RolloutError("request_invalid", f"max_tokens {parsed.effective_max_tokens} exceeds the server cap "
                            f"{MAX_TOKENS_CAP}", task_id=task.id)
     return parsed
+
+
+def template_warnings(template: dict) -> list[str]:
+    """A line for each top-level key of the template that is no chat-completions field: the server ignores
+    unknown fields (as OpenAI's routes do), so a misspelt `max_token` sampled 256 tokens unsaid (QA)."""
+    import difflib
+
+    from adapters.serving.schemas import ChatCompletionRequest
+
+    known = sorted(ChatCompletionRequest.model_fields)
+    warnings = []
+    for key in sorted(k for k in template if k not in ChatCompletionRequest.model_fields):
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        warnings.append(f"the request template's {key[:60]!r} is not a chat completions field: the server ignores "
+                        f"it{guess}")
+    return warnings

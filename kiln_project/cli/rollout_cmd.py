@@ -28,7 +28,7 @@ from evaluations.generation.corpus import build_groups, build_summary, corpus_by
 from evaluations.generation.errors import RolloutError
 from evaluations.generation.generate import ResendPolicy, plan_requests, run_requests
 from evaluations.generation.publish import check_not_inputs, check_targets, publish_together
-from evaluations.generation.template import RenderOptions, load_tasks, load_template
+from evaluations.generation.template import RenderOptions, load_tasks, load_template, template_warnings
 from evaluations.generation.validation import check_consistency
 from kiln_project.cli.client import CliError, KilnClient
 from kiln_project.cli.output import ProgressBar, print_json
@@ -163,6 +163,8 @@ def generate(args) -> dict:
     scorer = _check_scorer(args.scorer)
     tasks = load_tasks(args.tasks)
     template = load_template(args.request_template)
+    for warning in template_warnings(template):
+        print(f"warning: {warning}", file=sys.stderr)
     seeds = list(range(args.seed_start, args.seed_start + args.seeds))
     planned = plan_requests(template, tasks, seeds, options)  # every refusal before the first request
     score = _scorer_runner(scorer, args.unsandboxed_scorer)

@@ -87,6 +87,18 @@ def test_unsandboxed_scorer_is_warned_about_and_recorded(workdir, capsys):
     assert summary["scorer"]["sandboxed"] is False and summary["scorer"]["unsandboxed_requested"] is True
 
 
+def test_a_misspelt_template_key_is_warned_about(workdir, capsys):
+    """QA: `"max_token": 64` sampled the default 256 tokens unsaid (the route ignores unknown fields)."""
+    template = json.loads((workdir / "request.json").read_text())
+    template["max_token"] = template.pop("max_tokens")
+    (workdir / "request.json").write_text(json.dumps(template))
+    assert cli_main.main(argv(workdir)) == 0
+    err = capsys.readouterr().err
+    assert ("warning: the request template's 'max_token' is not a chat completions field: the server ignores it; "
+            "did you mean 'max_tokens'?") in err
+    assert "'messages'" not in err and "'temperature'" not in err  # real fields are not warned about
+
+
 def _existing(workdir):
     (workdir / "r.rollouts.jsonl").write_text("previous rollouts\n")
     (workdir / "r.summary.json").write_text('{"previous": true}\n')
