@@ -293,19 +293,5 @@ def eval_cancel_or_delete(*, job, user=None) -> str:
     if job.state in (JobState.QUEUED, JobState.RUNNING):
         job = job_cancel(job=job, user=user)
         return "cancelling" if job.state == JobState.RUNNING else "cancelled"
-    _refuse_while_a_gate_cites(job)
     job_delete(job=job, user=user, not_finished_code="eval_job_not_deletable", not_found_code="eval_job_not_found")
     return "deleted"
-
-
-def _refuse_while_a_gate_cites(job) -> None:
-    """A post-eval gate's evidence (its receipt row, and a promotion built on it) names its eval job for a
-    reviewer to open: deleted, that link answered 404 (QA). Such a job stays (409 eval_job_in_use)."""
-    from core.models import Receipt, ReceiptKind
-
-    gate = (Receipt.objects.filter(kind=ReceiptKind.POST_EVAL_GATE, body__evidence__eval_job_id=str(job.uuid))
-            .order_by("id").first())
-    if gate is not None:
-        raise KilnError("eval_job_in_use", f"eval job {job.uuid} is the evidence of the post-eval gate on adapter "
-                        f"{gate.subject!r} (receipt row {gate.id}); its decision links here", status=409,
-                        hint="it stays as the audit trail of that decision; delete eval jobs no gate cites")
