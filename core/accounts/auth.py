@@ -85,7 +85,10 @@ def api_auth(request):
             return user
         from core.accounts.services import TOKEN_PREFIX
 
-        if _anonymous_allowed(request) and not secret.strip().startswith(TOKEN_PREFIX):
+        # Only a well-formed "Bearer <placeholder>": a real token sent malformed (without the scheme, or as
+        # "Bearer Bearer kiln_...") must stay a 401, not become an anonymous caller whose work nobody owns.
+        placeholder = scheme.lower() == "bearer" and " " not in secret.strip() and TOKEN_PREFIX not in header
+        if placeholder and _anonymous_allowed(request):
             # A placeholder the openai client insists on (api_key="EMPTY", "none"): not a Kiln token, so not a
             # wrong one; where programs on this machine need none, it is read as none (QA: it was 401).
             request.user = LoopbackAnonymous()

@@ -57,8 +57,8 @@ RECONNECT_SECONDS = 60.0
 
 
 def fetch_through_restarts(fetch, *, grace_seconds: float | None = None, stream=None):
-    """fetch(), asked again each second while the server does not answer (TRANSIENT_CODES), for up to
-    grace_seconds; one line on stderr says so. QA: `kiln eval run --follow` exited 1 connection_failed
+    """fetch(), asked again each second while a server that answered before does not (TRANSIENT_CODES),
+    for up to grace_seconds; one line on stderr says so. QA: `kiln eval run --follow` exited 1 connection_failed
     while kiln serve brought its web process back within 2 s, and the eval completed."""
     import time
 
@@ -87,9 +87,12 @@ def follow(fetch, label, *, poll_seconds: float = 0.5) -> dict:
     import time
 
     bar = ProgressBar()
+    answered = False
     try:
         while True:
-            status = fetch_through_restarts(fetch)
+            # only a server that answered once is waited for: with none at all, say so at once
+            status = fetch_through_restarts(fetch) if answered else fetch()
+            answered = True
             bar.update(status["progress"], label(status))
             if status["state"] in TERMINAL_STATES:
                 return status

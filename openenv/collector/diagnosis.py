@@ -56,9 +56,12 @@ def invalid_action_warning(groups: list[dict]) -> str | None:
                 if common == "ACTION_SCHEMA_VALIDATION_FAILED" else
                 "check the model can follow the action schema (`kiln openenv inspect URL` shows it), or try "
                 "--thinking the other way")
+    # the guide: a completion cut off while thinking has no action to score and is left out of training
+    consequence = ("Those completions have no action to score and are left out of training"
+                   if common == "MODEL_ACTION_NO_OUTPUT" else
+                   "Those episodes score the protocol-error reward, not the environment's")
     return (f"{len(refused)} of {len(completions)} episodes ended at an action Kiln refused ({counted}; e.g. "
-            f"{example[:160] or common}): {advice}. Those episodes score the protocol-error reward, not the "
-            f"environment's, so {groups_left}; {try_next}")
+            f"{example[:160] or common}): {advice}. {consequence}, so {groups_left}; {try_next}")
 
 
 def _environment_errors(completion: dict) -> tuple[int, list[dict]]:

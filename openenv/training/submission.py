@@ -40,9 +40,9 @@ def nothing_left_reason(stats: dict | None) -> str:
                              ("done_count", "max_steps_count", "protocol_error_count"))
     if not episodes or invalid * 2 < episodes:
         return NOTHING_LEFT
-    return (f"{NOTHING_LEFT}: {invalid} of {episodes} episodes ended at an invalid model action (no final "
-            "answer after the reasoning, or one that was not one JSON object matching the action schema), so the "
-            "returns within each group were equal")
+    return (f"{NOTHING_LEFT}: {invalid} of {episodes} episodes ended at an invalid model action (a reply that "
+            "was not one JSON object matching the action schema, which scores the protocol-error reward, or no final "
+            "answer after the reasoning, which is left out), so no group kept two different returns")
 
 
 def _fail(run: OpenEnvRun, code: str, message: str, *, retryable: bool = False, hint: str = "",

@@ -155,8 +155,20 @@ def test_follow_waits_for_a_server_that_went_away_for_a_moment(server, capsys, m
     code, out, err = _run(capsys, "jobs", "show", JOB, "--follow")
     assert code == 0 and f"{JOB}  grpo  completed  100%" in out
     assert err.count("the server did not answer (connection_failed); asking again") == 1
-    # past the grace period the follower gives up with the transport's one line
+    # no server at all: the first request fails at once, without the "asking again" line (review)
     server.answer = lambda request: (_ for _ in ()).throw(httpx.ConnectError("connection refused"))
+    code, _, err = _run(capsys, "jobs", "show", JOB, "--follow")
+    assert code == 1 and "error: connection_failed" in err and "asking again" not in err
+    # past the grace period the follower gives up with the transport's one line
+    calls = []
+
+    def running_then_gone(request):
+        calls.append(request)
+        if len(calls) > 1:
+            raise httpx.ConnectError("connection refused")
+        return httpx.Response(200, json=_job("running"))
+
+    server.answer = running_then_gone
     monkeypatch.setattr(output, "RECONNECT_SECONDS", 0.0)
     code, _, err = _run(capsys, "jobs", "show", JOB, "--follow")
-    assert code == 1 and "error: connection_failed" in err
+    assert code == 1 and "error: connection_failed" in err and "asking again" in err

@@ -177,6 +177,9 @@ def test_anonymous_api_only_when_enabled_and_from_loopback(client, settings):
     # ...but a wrong Kiln token is still a mistake to report, and elsewhere a placeholder is refused
     _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer kiln_stale"), 401,
                      "unauthorized")
+    for malformed in ("kiln_real-token", "Bearer Bearer kiln_real-token", "Token EMPTY"):  # review: never anonymous
+        _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION=malformed), 401,
+                         "unauthorized")
     _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION="Bearer EMPTY"), 401,
                      "unauthorized")
     _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer EMPTY",

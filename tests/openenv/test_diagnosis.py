@@ -53,6 +53,7 @@ def test_exactly_half_warns_and_each_code_has_its_advice():
         completion("done")))
     assert warning.startswith("1 of 2 episodes") and "--max-action-tokens" in warning
     assert "set --thinking-budget-tokens below it" in warning  # QA: "raise" the budget cannot help
+    assert "no action to score and are left out of training" in warning  # the guide: discarded, not scored
     unknown = invalid_action_warning(groups_of(completion("invalid_model_action")))
     assert "(UNKNOWN 1; e.g. UNKNOWN)" in unknown and "were refused" in unknown
 

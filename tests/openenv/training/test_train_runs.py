@@ -182,9 +182,10 @@ def test_a_model_that_never_acts_validly_is_named_as_why_nothing_was_trained(api
     policies.content = lambda request: "I would move by one."  # never a JSON action
     done = collect(api, train_body(counter.url, groups=2, group_size=2))
     assert done["state"] == "completed" and done["training_selection"]["groups_submitted"] == 0, done
-    assert done["error"].endswith("4 of 4 episodes ended at an invalid model action (no final answer after the "
-                                  "reasoning, or one that was not one JSON object matching the action schema), so "
-                                  "the returns within each group were equal")
+    assert done["error"].endswith("4 of 4 episodes ended at an invalid model action (a reply that was not one JSON "
+                                  "object matching the action schema, which scores the protocol-error reward, or no "
+                                  "final answer after the reasoning, which is left out), so no group kept two "
+                                  "different returns")
     assert len(done["error"]) <= 500  # the run's one-line reason column
 
 
