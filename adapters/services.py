@@ -14,6 +14,12 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from adapters.delete_guards import (
+    descendants,
+    refuse_descendants,
+    refuse_while_a_training_builds_on,
+    refuse_while_promotion_open,
+)
 from adapters.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
 from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition
 from core.accounts.permissions import check_owner_or_permitted
@@ -209,45 +215,6 @@ def _busy(adapter: Adapter, verb: str) -> KilnError:
                      hint="wait for the training job to finish, or cancel it (kiln jobs cancel ID)")
 
 
-def _refuse_while_a_training_builds_on(name: str) -> None:
-    """A queued or running training that warm-starts from this adapter would fail at its start if the
-    adapter went now (409 adapter_in_use; the runner's base_adapter_missing covers what slips past)."""
-    for output in Adapter.objects.filter(base_adapter=name, state=AdapterState.WRITING).select_related("training_job"):
-        if status_of(output) == AdapterStatus.WRITING:
-            job = output.training_job
-            raise KilnError("adapter_in_use", f"adapter {name!r} is the base adapter of {output.name!r}, which "
-                            f"training job {job.uuid if job else '?'} is writing", status=409,
-                            hint="wait for that training job to finish, or cancel it (kiln jobs cancel ID), "
-                                 "then delete")
-
-
-def _refuse_while_descendants_name(name: str) -> None:
-    """QA: deleting math-r001 left math-r002 (trained from it) with `kiln adapters verify` reporting its
-    base_adapter link broken, and nothing warned. Their receipts still name it, so say so first."""
-    children = sorted(Adapter.objects.filter(base_adapter=name, state=AdapterState.PUBLISHED).values_list("name", flat=True))
-    if children:
-        shown = ", ".join(repr(child) for child in children[:5]) + (f" and {len(children) - 5} more"
-                                                                  if len(children) > 5 else "")
-        raise KilnError("adapter_has_descendants", f"adapter {name!r} is the base adapter of {shown}: deleting it "
-                        "breaks their lineage (kiln adapters verify reports the base_adapter link broken)", status=409,
-                        hint=f"keep it as the audit trail of what was trained from it, or delete it anyway with "
-                             f"force=true (kiln adapters delete {name} --force)")
-
-
-def _refuse_while_promotion_open(name: str) -> None:
-    """A reviewer must not be left deciding on an adapter that is gone: delete it only once its
-    pending or approved promotions are decided and applied (409 adapter_promotion_open)."""
-    from adapters.models import Promotion, PromotionState
-
-    open_ids = list(Promotion.objects.filter(candidate=name, state__in=(PromotionState.PENDING, PromotionState.APPROVED))
-                    .order_by("id").values_list("id", flat=True))
-    if open_ids:
-        raise KilnError("adapter_promotion_open", f"adapter {name!r} is the candidate of open promotion "
-                        f"{', '.join(map(str, open_ids))}", status=409,
-                        hint=f"reject it first (kiln promotions reject {open_ids[0]} --reason ...), or wait for it "
-                             "to be applied")
-
-
 def _check_review_respected(name: str, actor) -> None:
     """While promotions need approval, an approver's direct load must not undo the review: not a
     candidate whose latest promotion was rejected, nor one the loader requested and no one else
@@ -361,10 +328,13 @@ def adapter_delete(*, name: str, actor=None, reason: str = "", force: bool = Fal
         if adapter.loaded:
             raise KilnError("adapter_active", f"adapter {name!r} is active; unload it before deleting it",
                             status=409, hint=f"kiln adapters unload {name} (POST /v1/adapters/unload)")
-        _refuse_while_promotion_open(name)
-        _refuse_while_a_training_builds_on(name)
-        if not force:
-            _refuse_while_descendants_name(name)
+        refuse_while_promotion_open(name)
+        refuse_while_a_training_builds_on(name)
+        children = descendants(name)
+        if children and not force:
+            refuse_descendants(name, children)
+        if children:  # forced: the history says whose lineage it broke
+            reason = f"{reason or 'deleted by hand'} (forced: the base adapter of {', '.join(children[:5])})"
         folders = [p for p in [Path(adapter.path)] if adapter.path and p.is_dir() and _inside_registry(p)]
         folders += adapter_checkpoints(name)
         adapter.delete()

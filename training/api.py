@@ -138,7 +138,8 @@ def train_job_delete(request, job_id: str):
     require_permission(request, "submit_job")
     job = job_services.job_delete(job=_job_or_404(job_id), user=request.user,
                                   not_finished_code="training_job_already_started",
-                                  not_found_code="training_job_not_found")
+                                  not_found_code="training_job_not_found",
+                                  cancel_how=f"kiln train cancel {job_id}, or DELETE /v1/train/queue/{job_id}")
     return {"job_id": job_id, "status": "deleted", "removed_archive_file": snapshot_discard(job)}
 
 

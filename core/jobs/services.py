@@ -163,10 +163,11 @@ def job_mark_cancelled(*, job: Job, result: dict | None = None) -> bool:
 
 
 def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletable",
-               not_found_code: str = "job_not_found") -> Job:
+               not_found_code: str = "job_not_found", cancel_how: str = "") -> Job:
     """Hide a finished job from the API and pages. The row and its events stay (audit), with a
     `deleted` event naming who deleted it; a queued or running job must be cancelled first.
-    `not_found_code`: the route's own 404 code, also when a concurrent delete won the race."""
+    `not_found_code`: the route's own 404 code, also when a concurrent delete won the race; `cancel_how`: the
+    route family's own way to cancel, for the hint of a refusal."""
     who = getattr(user, "username", "") or "anonymous"
     check_owner_or_permitted(owner_id=job.submitted_by_id, user=user, what=f"job {job.uuid}",
                              code="job_delete_forbidden")
@@ -178,10 +179,8 @@ def job_delete(*, job: Job, user=None, not_finished_code: str = "job_not_deletab
             if job.deleted_at is not None:
                 raise KilnError(not_found_code, f"job {job.uuid} was already deleted", status=404)
             raise KilnError(not_finished_code, f"job {job.uuid} is {job.state}; cancel it first", status=409,
-                            hint=f"cancel it (kiln jobs cancel {job.uuid}, or DELETE /v1/train/queue/{job.uuid} for "
-                                 "a training), wait until it has stopped, then delete it"
-                            if job.kind.startswith("training") else
-                            f"cancel it (kiln jobs cancel {job.uuid}), wait until it has stopped, then delete it")
+                            hint=f"cancel it ({cancel_how or f'kiln jobs cancel {job.uuid}'}), wait until it has "
+                                 "stopped, then delete it")
         _event(job, "deleted", f"deleted by {who}")
     job.refresh_from_db()
     return job

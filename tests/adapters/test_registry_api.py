@@ -213,6 +213,7 @@ def test_delete_keeps_an_adapter_others_were_trained_from_unless_forced(api, hom
     assert ok(api.delete("/v1/adapters/math-r001?force=true"))["status"] == "deleted"
     assert not (home / "adapters" / "math-r001").exists()
     assert _history("math-r001")[-1][1] == "deleted"
+    assert _history("math-r001")[-1][3] == "deleted by hand (forced: the base adapter of math-r003)"
 
 
 def test_the_training_services_record_their_transitions(home, peft_adapter, django_user_model):
