@@ -450,6 +450,7 @@ def test_inspect_shows_the_schema_hashes_and_the_task_catalog_of_a_real_server(o
     for key in ("schema_sha256", "action_schema_sha256", "discovery_sha256"):
         assert expected[key] in html
     assert "kiln_counter" in html and '"delta"' in html and "Task catalog" in html
+    assert f'<dt>OpenAPI info.version</dt><dd class="mono">{expected["openapi_version"]}</dd>' in html  # not 3.1.0
 
 
 def test_a_lora_rank_without_alpha_keeps_the_clis_alpha_over_rank_of_two():
