@@ -162,7 +162,7 @@ def _decide_context(request, promotion) -> dict:
     if not user.has_perm(promotion_services.APPROVE_PERMISSION):
         return {"can_decide": False, "approve_blocked": PERMISSION_TEXT, "reject_blocked": PERMISSION_TEXT}
     own = promotion.requested_by_id is not None and promotion.requested_by_id == user.pk
-    blocked = SELF_APPROVAL_TEXT if own and not promotion_services.self_approval_allowed() else ""
+    blocked = SELF_APPROVAL_TEXT if own and not promotion_services.self_approval_allowed(user) else ""
     return {"can_decide": True, "approve_blocked": blocked, "reject_blocked": ""}
 
 

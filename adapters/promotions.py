@@ -45,12 +45,16 @@ APPROVE_PERMISSION = APPROVE_PROMOTION
 
 # -- policy ----------------------------------------------------------------------------------------
 
-def self_approval_allowed() -> bool:
-    """`[promotion] allow_self_approval`, or a sole active user: nobody else could approve (QA: on a
-    one-user install a flagged promotion, pending for its alarms, could never be approved)."""
-    from core.accounts.permissions import team_exists
+def self_approval_allowed(user=None) -> bool:
+    """`[promotion] allow_self_approval`, or no other active user who may approve: nobody else could
+    (QA: on a one-user install, or with only viewers beside the admin, a promotion pending for its
+    alarms could never be approved)."""
+    if getattr(settings.KILN, "promotion_allow_self_approval", False):
+        return True
+    from django.contrib.auth import get_user_model
 
-    return bool(getattr(settings.KILN, "promotion_allow_self_approval", False)) or not team_exists()
+    others = get_user_model().objects.filter(is_active=True).exclude(pk=getattr(user, "pk", None))
+    return not any(other.has_perm(APPROVE_PROMOTION) for other in others.iterator())
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -244,7 +248,7 @@ def promotion_approve(*, promotion_id: int, user, reason: str) -> Promotion:
     with transaction.atomic():
         serialize(REGISTRY)  # the staleness check below sees every activation committed before it
         _, promotion = _claim(promotion_id, PromotionState.APPROVED, user, reason)
-        if promotion.requested_by_id == user.pk and not self_approval_allowed():
+        if promotion.requested_by_id == user.pk and not self_approval_allowed(user):
             raise KilnError("promotion_self_approval", f"promotion {promotion_id} was requested by you; another "
                             "reviewer must approve it", status=403,
                             hint="ask another user with jobs.approve_promotion, or set [promotion] "

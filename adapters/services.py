@@ -232,7 +232,7 @@ def _check_review_respected(name: str, actor) -> None:
                         "by hand would override that decision", status=409,
                         hint=f"request a new promotion (kiln adapters activate {name}) for a reviewer to decide")
     if latest.state == PromotionState.PENDING and latest.requested_by_id == getattr(actor, "id", None) \
-            and not self_approval_allowed():
+            and not self_approval_allowed(actor):
         raise KilnError("promotion_self_approval", f"you requested promotion {latest.id} of {name!r}; loading it "
                         "by hand would approve your own request", status=409,
                         hint="another reviewer approves it (kiln promotions approve "

@@ -20,6 +20,7 @@ from adapters.verify import (
 )
 from adapters.verify_manifest import manifest_file_link
 from core.canonical import json_digest, sha256_digest
+from core.errors import clip
 from core.models import Receipt, ReceiptKind
 
 
@@ -430,7 +431,25 @@ def _people_problem(promotion, request_row, approval_row) -> tuple | None:
             return (f"{row.kind} receipt row {row.id} names {row.body.get(field)!r}, promotion {promotion.id} was "
                     f"{'requested' if field == 'requested_by' else 'decided'} by {user.username!r}",
                     user.username, row.body.get(field))
+    # ...and the reviewer's justification and time, what an auditor reads (QA: a rewritten reason verified)
+    if approval_row.body.get("reason") != promotion.reason:
+        return (f"approval receipt row {approval_row.id} gives the reason {clip(str(approval_row.body.get('reason')))!r}, "
+                f"promotion {promotion.id} records {clip(promotion.reason)!r}", promotion.reason,
+                approval_row.body.get("reason"))
+    if promotion.decided_at is not None and _parsed_time(approval_row.body.get("decided_at")) != promotion.decided_at:
+        return (f"approval receipt row {approval_row.id} was decided at {approval_row.body.get('decided_at')}, "
+                f"promotion {promotion.id} at {promotion.decided_at.isoformat()}", promotion.decided_at.isoformat(),
+                approval_row.body.get("decided_at"))
     return None
+
+
+def _parsed_time(text):
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
 
 
 @register_link("receipts.rows")

@@ -266,6 +266,7 @@ def test_an_approvers_direct_load_respects_the_review(api, home, peft_adapter, m
     overrides a rejection; a candidate of an open promotion is not deleted under its reviewer."""
     publish(home, peft_adapter, "a1")
     approver = make_client("approver", can_approve=True)  # two users: approval is required
+    make_client("second-approver", can_approve=True)  # someone else could approve: no self-approval
     promotion = ok(send(approver, "post", "/v1/promotions", {"candidate": "a1", "reason": "try it"}))
     assert promotion["state"] == "pending"
     error(send(approver, "post", "/v1/adapters/load", {"name": "a1"}), 409, "promotion_self_approval")

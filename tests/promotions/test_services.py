@@ -87,8 +87,9 @@ def test_self_approval_is_refused_unless_the_policy_allows_it(home, settings):
 
 
 def test_a_sole_user_may_approve_their_own_flagged_promotion(home, settings):
-    """QA: on a one-user install a promotion pending for its alarms could only be approved by "another
-    reviewer", and there was none; the approval row still records who approved their own request."""
+    """QA: on a one-user install (or with only viewers beside the admin) a promotion pending for its alarms
+    could only be approved by "another reviewer", and there was none; the approval row still records who
+    approved their own request."""
     from core.accounts.services import user_create
     from core.models import Receipt
 
@@ -100,10 +101,15 @@ def test_a_sole_user_may_approve_their_own_flagged_promotion(home, settings):
     row = Receipt.objects.get(kind="approval", subject="mine").body
     assert (row["actor"], row["decision"]) == ("solo", "approved")
     assert Receipt.objects.get(kind="promotion", subject="mine").body["requested_by"] == "solo"
-    user_create(username="second", password="long-enough-pw")  # a team now: another reviewer must approve
+    # a viewer beside them approves nothing either (QA's variation): still theirs to approve
+    user_create(username="viewer", password="long-enough-pw", can_submit=False)
     published(home, "mine2")
     again = promotion_request(candidate="mine2", user=solo, reason="next round")
-    assert _code(lambda: promotion_approve(promotion_id=again.id, user=solo, reason="x")) == "promotion_self_approval"
+    assert approve(again.id, solo, "still the only approver").state == "applied"
+    user_create(username="second", password="long-enough-pw", can_approve=True)  # another reviewer now must
+    published(home, "mine3")
+    third = promotion_request(candidate="mine3", user=solo, reason="third round")
+    assert _code(lambda: promotion_approve(promotion_id=third.id, user=solo, reason="x")) == "promotion_self_approval"
 
 
 def test_a_non_approver_cannot_decide(home):
