@@ -86,7 +86,9 @@ def _actions_context(request, adapter, row: dict) -> dict:
     permitted = can_submit(request)
     return {
         "can_submit": permitted,
-        "can_activate": permitted and adapter.state == AdapterState.PUBLISHED and row["status"] != "active",
+        # a quarantined adapter's promotion could only fail its canary (the alarm card says how to load one)
+        "can_activate": permitted and adapter.state == AdapterState.PUBLISHED and row["status"] != "active"
+        and not row["quarantined"],
         "approval_required": promotion_selectors.approval_required(),
         "delete_refusal": _delete_refusal(request, adapter) if permitted else None,
     }

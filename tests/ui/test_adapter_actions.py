@@ -76,6 +76,13 @@ def test_the_forms_show_for_a_permitted_user_and_not_for_a_viewer(registry, oper
     # The active adapter is not offered again; it may still be asked to be deleted (the service refuses).
     active = _html(operator_client.get("/ui/adapters/r1/"))
     assert 'id="activate-form"' not in active and 'id="delete-form"' in active
+    # Nor a quarantined one: its promotion could only fail its canary (QA); its alarm card says how to load it
+    from adapters.models import Adapter
+
+    Adapter.objects.filter(name="r2").update(quarantined=True)
+    quarantined = _html(operator_client.get("/ui/adapters/r2/"))
+    assert 'id="activate-form"' not in quarantined and 'id="adapter-quarantined"' in quarantined
+    Adapter.objects.filter(name="r2").update(quarantined=False)
 
     viewer = _html(viewer_client.get("/ui/adapters/r2/"))
     assert 'id="activate-form"' not in viewer and 'id="delete-form"' not in viewer
