@@ -50,7 +50,8 @@ def invalid_action_warning(groups: list[dict]) -> str | None:
     all_refused = sum(1 for group in groups if (group.get("completions") or []) and all(
         (c.get("openenv") or {}).get("termination") == "invalid_model_action" for c in group["completions"]))
     groups_left = ("no group has anything to learn from" if len(refused) == len(completions) else
-                   f"a group has less to learn from ({all_refused} of {len(groups)} had every episode refused)")
+                   f"{all_refused} of {len(groups)} groups (those with every episode refused) have nothing to learn "
+                   "from and the rest less")
     try_next = ("check the model can follow the action schema (`kiln openenv inspect URL` shows it); a small "
                 "model may not manage fields that hold a list, an object or a nested model"
                 if common == "ACTION_SCHEMA_VALIDATION_FAILED" else

@@ -44,7 +44,7 @@ def test_the_warning_counts_the_codes_quotes_the_commonest_and_says_what_to_try(
                               "but break the action schema")
     assert "protocol-error reward" in warning and "kiln openenv inspect URL" in warning
     # QA: "so most groups have anything to learn from" read as the opposite; the count says what is lost
-    assert "so a group has less to learn from (1 of 2 had every episode refused)" in warning
+    assert "so 1 of 2 groups (those with every episode refused) have nothing to learn from and the rest less" in warning
 
 
 def test_exactly_half_warns_and_each_code_has_its_advice():
