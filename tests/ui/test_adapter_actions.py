@@ -6,9 +6,7 @@ A viewer sees no form and a forged POST is refused; a POST without a CSRF token 
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
-from html import unescape
 
 import pytest
 from django.test import Client
@@ -18,6 +16,7 @@ from adapters.selectors import adapter_active
 from adapters.services import adapter_publish, adapter_reserve
 from tests.promotions.support import policy
 from tests.support.canary import drain_activations
+from tests.ui.page_text import block_of, html_of, text_of
 
 pytestmark = pytest.mark.django_db
 
@@ -47,20 +46,7 @@ def registry(home, operator):
     return home
 
 
-def _html(response) -> str:
-    return response.content.decode()
-
-
-def _text(html: str, element_id: str) -> str:
-    match = re.search(rf'id="{element_id}"[^>]*>(.*?)</(?:span|p|div|code)>', html, re.S)
-    assert match, element_id
-    return " ".join(unescape(re.sub(r"<[^>]+>", " ", match.group(1))).split())
-
-
-def _block(html: str, element_id: str, end: str = "</p>") -> str:
-    """The text of an element (tags stripped) up to its first `end`."""
-    start = html.index(">", html.index(f'id="{element_id}"')) + 1
-    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html[start:html.index(end, start)])).split())
+_html, _text, _block = html_of, text_of, block_of
 
 
 # ---- who sees the forms ------------------------------------------------------------------------

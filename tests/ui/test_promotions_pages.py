@@ -10,7 +10,6 @@ states are rendered from rows set directly."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from html import unescape
 
@@ -23,6 +22,7 @@ from core.jobs.models import Job
 from core.jobs.services import job_submit
 from evaluations.gate import GateArm, paired_wilson_v1
 from tests.promotions.support import published, users
+from tests.ui.page_text import block_of, html_of, text_of
 
 pytestmark = pytest.mark.django_db
 
@@ -42,21 +42,7 @@ def _client(user) -> Client:
     return client
 
 
-def _html(response) -> str:
-    return response.content.decode()
-
-
-def _text(html: str, element_id: str) -> str:
-    match = re.search(rf'id="{element_id}"[^>]*>(.*?)</(?:span|dd|p|div|td|strong|li|code)>', html, re.S)
-    assert match, element_id
-    return " ".join(unescape(re.sub(r"<[^>]+>", " ", match.group(1))).split())
-
-
-def _block(html: str, element_id: str, end: str = "</p>") -> str:
-    """The text of an element (tags stripped) up to its first `end`."""
-    start = html.index(f'id="{element_id}"')
-    start = html.index(">", start) + 1
-    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html[start:html.index(end, start)])).split())
+_html, _text, _block = html_of, text_of, block_of
 
 
 def _gate(candidate_outcomes: list[str], baseline_outcomes: list[str], name: str) -> dict:
