@@ -257,7 +257,12 @@ def _train(client: KilnClient, args) -> int:
               f"{(config.get('optimizer') or {}).get('kind')}, output {config.get('output_name')}, "
               f"auto_load {str(config.get('auto_load')).lower()}, policy {policy.get('served_model_id')}"
               + (f"+{policy['adapter']['name']}" if policy.get("adapter") else ""))
-    code = _follow(client, status, args)
+    # QA: a run that failed after publishing its collection (the environment died during the held-out
+    # evaluation) printed only the failure: its episodes, warnings and published adapter stay the user's
+    try:
+        code, ended = _follow(client, status, args), None
+    except CliError as error:
+        code, ended = 1, error
     final = client.get(_path(status["run_id"]))
     copies = _download_collection(client, final, outputs)
     if not args.json:
@@ -266,7 +271,7 @@ def _train(client: KilnClient, args) -> int:
         for warning in final.get("warnings") or []:
             print(f"warning   {warning}")
         training = final.get("training") or {}
-        if training.get("adapter_name") and final["state"] == "completed":
+        if training.get("adapter_name") and _published_adapter(final):
             print(f"adapter   {training['adapter_name']} (training job {training['job_id']}; receipt: kiln openenv "
                   f"artifact {final['run_id']} train_receipt --output train_receipt.json)")
         elif final["state"] == "completed" and final.get("error"):
@@ -274,7 +279,14 @@ def _train(client: KilnClient, args) -> int:
         verdict = (final.get("environment_evaluation") or {}).get("verdict")
         if verdict:
             print(f"env eval  {verdict}")
+    if ended is not None:
+        raise ended
     return code
+
+
+def _published_adapter(final: dict) -> bool:
+    """The run's training published its adapter (a run that failed later, at its held-out evaluation, too)."""
+    return final["state"] == "completed" or "adapter_manifest" in {a["kind"] for a in final.get("artifacts") or []}
 
 
 def add_parsers(sub, common) -> None:
