@@ -47,20 +47,28 @@ def invalid_action_warning(groups: list[dict]) -> str | None:
     example = next(str(e.get("message") or "") for e in errors if str(e.get("code")) == common)
     counted = ", ".join(f"{code} {count}" for code, count in codes.most_common())
     advice = ADVICE.get(common, "the policy's replies were refused")
-    all_refused = sum(1 for group in groups if (group.get("completions") or []) and all(
-        (c.get("openenv") or {}).get("termination") == "invalid_model_action" for c in group["completions"]))
-    groups_left = ("no group has anything to learn from" if len(refused) == len(completions) else
-                   f"{all_refused} of {len(groups)} groups (those with every episode refused) have nothing to learn "
-                   "from and the rest less")
-    try_next = ("check the model can follow the action schema (`kiln openenv inspect URL` shows it); a small "
-                "model may not manage fields that hold a list, an object or a nested model"
-                if common == "ACTION_SCHEMA_VALIDATION_FAILED" else
+    # QA: counting groups whose every episode ended refused said "nothing to learn from" of a multi-step
+    # game's groups that had earned differing rewards before the refusals; a group teaches nothing when
+    # its returns are all the same (what training selection skips)
+    flat = sum(1 for group in groups if len({c.get("reward") for c in group.get("completions") or []}) <= 1)
+    if flat == len(groups):
+        groups_left = "no group has anything to learn from"
+    elif flat == 0:
+        groups_left = "the groups learn less, though every group's returns still differ"
+    else:
+        groups_left = (f"{flat} of {len(groups)} groups (those whose returns are all the same) have nothing to "
+                       "learn from and the rest less")
+    # QA, unseen flat schemas (int + enum, bool + float, str + optional bool): the demo model wrote valid
+    # actions 1.3-5x as often with thinking off; nested values it cannot write either way
+    try_next = ("check the model can follow the action schema (`kiln openenv inspect URL` shows it), or try "
+                "--thinking the other way; a small model may not manage fields that hold a list, an object or a "
+                "nested model" if common == "ACTION_SCHEMA_VALIDATION_FAILED" else
                 "check the model can follow the action schema (`kiln openenv inspect URL` shows it), or try "
                 "--thinking the other way")
     # the guide: a completion cut off while thinking has no action to score and is left out of training
     consequence = ("Those completions have no action to score and are left out of training"
                    if common == "MODEL_ACTION_NO_OUTPUT" else
-                   "Those episodes score the protocol-error reward, not the environment's")
+                   "Those episodes end with the protocol-error reward, not the environment's")
     return (f"{len(refused)} of {len(completions)} episodes ended at an action Kiln refused ({counted}; e.g. "
             f"{example[:160] or common}): {advice}. {consequence}, so {groups_left}; {try_next}")
 
