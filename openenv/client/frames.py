@@ -80,8 +80,9 @@ def parse_observation(data: Any) -> Observation:
     unknown = set(data) - OBSERVATION_KEYS
     if unknown:
         raise OpenEnvInvalidMessage(f"observation data has unknown fields {sorted(unknown)[:5]}")
-    if "observation" not in data or "reward" not in data or "done" not in data:
-        raise OpenEnvInvalidMessage("observation data needs observation, reward and done")
+    missing = [key for key in ("observation", "reward", "done") if key not in data]
+    if missing:
+        raise OpenEnvInvalidMessage(f"observation data needs observation, reward and done; it lacks {', '.join(missing)}")
     reward = data["reward"]
     if not (reward is None or isinstance(reward, (bool, int))
             or (isinstance(reward, float) and math.isfinite(reward))):

@@ -37,6 +37,10 @@ def manifest_entry(run: OpenEnvRun, kind: str) -> dict:
                         hint="kinds: " + ", ".join(ARTIFACT_KINDS))
     entry = next((a for a in run.artifacts or [] if a.get("kind") == kind), None)
     if entry is None:
+        if run.state in (RunState.FAILED, RunState.CANCELLED):  # QA: "wait until it publishes" never ends
+            raise KilnError("openenv_artifact_not_ready", f"run {run.id} ended {run.state} without publishing its "
+                            f"{kind}; it never will", status=404,
+                            hint=f"see why with kiln openenv status {run.id}; submit a new run to collect again")
         if run.state != RunState.ROLLOUT_READY and run.state != RunState.COMPLETED:
             raise KilnError("openenv_artifact_not_ready", f"run {run.id} is {run.state}; its {kind} is not published",
                             status=404, hint="wait until the run publishes it: a rollout run's artifacts at "

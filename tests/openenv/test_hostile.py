@@ -241,3 +241,14 @@ def test_a_capacity_refusal_surfaces_as_capacity_not_as_an_unsolicited_frame():
         error = asyncio.run(go(server.url))
     assert error.frame.active_sessions == 1 and error.frame.max_sessions == 1
     assert error.failure_code == "environment_capacity_exhausted"
+
+
+def test_a_broken_observation_names_what_it_lacks_and_says_what_to_fix():
+    """QA: `{"observation": "oops", "reward": "lots"}` failed with the session's generic hint, which said only
+    that the episode could not continue."""
+    from openenv.client.frames import parse_observation
+
+    with pytest.raises(errors.OpenEnvInvalidMessage) as info:
+        parse_observation({"observation": "oops", "reward": "lots"})
+    assert info.value.message.endswith("it lacks done")
+    assert "breaks the OpenEnv wire format" in info.value.hint and "fix how the environment serialises" in info.value.hint

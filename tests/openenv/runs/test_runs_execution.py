@@ -198,7 +198,9 @@ def test_cancel_while_collecting_stops_at_the_boundary_and_publishes_nothing(api
     folder = home / "adapters" / ".openenv" / "runs" / run_id
     assert sorted(p.name for p in folder.iterdir()) == ["run.json"]
     assert json.loads((folder / "run.json").read_text())["state"] == "cancelled"
-    error_of(api.get(f"/v1/openenv/runs/{run_id}/artifacts/dataset"), 404, "openenv_artifact_not_ready")
+    ended = error_of(api.get(f"/v1/openenv/runs/{run_id}/artifacts/dataset"), 404, "openenv_artifact_not_ready")
+    # QA: a run that ended never publishes, so "wait until the run publishes it" was wrong
+    assert "ended cancelled without publishing its dataset" in ended["message"] and "wait" not in ended["hint"]
 
 
 @pytest.mark.django_db
