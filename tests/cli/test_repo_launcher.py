@@ -41,6 +41,29 @@ def test_serve_sets_kiln_up_first_then_runs_kiln_serve(tmp_path):
     assert "log in at http://127.0.0.1:" in done.stdout
 
 
+def test_serve_keeps_the_guides_curl_steps_working_when_a_model_path_is_given(tmp_path):
+    """QA: `KILN_MODEL_PATH=... ./kiln serve` (the OpenEnv guide's first step) on a fresh home left the API
+    closed to the GRPO guide's curl steps (401). A tiny model's folder gets the demo's settings; a model of
+    your own gets the anonymous loopback access alone (the demo's training defaults do not fit it)."""
+    demo_home, own_home = tmp_path / "demo", tmp_path / "own"
+    first = _launch("serve", "--help", cwd=tmp_path, home=demo_home)
+    assert first.returncode == 0, first.stdout + first.stderr
+    tiny = demo_home / "models" / "tiny"
+    again = _launch("serve", "--help", cwd=tmp_path, home=tmp_path / "demo2", KILN_MODEL_PATH=str(tiny))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "allow_anonymous_api = true" in (tmp_path / "demo2" / "kiln.toml").read_text()
+    own_model = tmp_path / "my-model"
+    own_model.mkdir()
+    (own_model / "config.json").write_text("{}")
+    own = _launch("serve", "--help", cwd=tmp_path, home=own_home, KILN_MODEL_PATH=str(own_model))
+    assert own.returncode == 0, own.stdout + own.stderr
+    assert not (own_home / "kiln.toml").exists()  # no demo training defaults for your model
+    assert "programs on this machine may use the API without a token" in own.stdout
+    (tmp_path / "kiln.toml").write_text("[server]\nallow_anonymous_api = false\n")  # settings of yours win
+    yours = _launch("serve", "--help", cwd=tmp_path, home=own_home, KILN_MODEL_PATH=str(own_model))
+    assert yours.returncode == 0 and "without a token" not in yours.stdout
+
+
 def test_serve_refuses_a_bad_setting_in_one_line_before_migrating(tmp_path):
     """QA: a misspelt KILN_SERVER_SERVING_PROFILE crashed inside `manage.py migrate` with a 33-line
     traceback; kiln serve itself answers one invalid_config line."""
