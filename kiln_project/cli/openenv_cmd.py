@@ -306,6 +306,19 @@ def _kiln_post(client):
     return post
 
 
+def _refuse_under_a_profile_without_inference(client) -> None:
+    """Every episode's actions come from the server's chat route: under the maintenance profile it refuses
+    them all, so say so before an environment is contacted (a server run is refused at admission alike)."""
+    try:
+        profile = client.get("/health").get("serving_profile")
+    except CliError:
+        return  # an unhealthy server: the collection's first request says what is wrong
+    if profile == "maintenance":
+        raise CliError("inference_disabled_by_profile", "the maintenance serving profile refuses inference, "
+                       "which every episode's actions need",
+                       "restart the server with the stable profile (KILN_SERVER_SERVING_PROFILE=stable) to run it")
+
+
 def _rollout(args) -> int:
     from kiln_project.cli.client import KilnClient
     from kiln_project.cli.rollout_cmd import REQUEST_TIMEOUT_S
@@ -321,6 +334,7 @@ def _rollout(args) -> int:
     if args.environment_reset_options:
         per_environment = [None if item == "-" else _reset_file(Path(item)) for item in args.environment_reset_options]
     client = KilnClient(args.url, timeout=REQUEST_TIMEOUT_S)
+    _refuse_under_a_profile_without_inference(client)
     config = CollectionConfig(
         environment_urls=urls, credentials=credentials_for_urls(urls, args.credential_env), kiln_url=client.url,
         adapter=args.adapter, groups=args.groups, group_size=args.group_size, seed_start=args.seed_start,

@@ -236,3 +236,21 @@ def test_an_archive_beside_the_summary_is_never_mixed_with_the_servers_copy(tmp_
     (archive / "zs.replay.json").unlink()  # nothing archived: the recorded copies, with notes
     _, dataset, replay, notes = artifact_paths(args)
     assert (dataset, replay) == (server / "rollouts.jsonl", server / "replay.json") and len(notes) == 2
+
+
+def test_rollout_under_the_maintenance_profile_stops_before_any_environment_is_contacted(monkeypatch, capsys):
+    """Spec audit: every episode's action comes from the server's chat route, which the maintenance profile
+    refuses; the collection discovered and reset the environment first, then failed at the first action."""
+    import httpx
+
+    from kiln_project.cli import client as client_module
+    from tests.cli.recording_server import serve_commands
+
+    contacted = []
+    monkeypatch.setattr("openenv.collector.collect_and_publish", lambda *a, **k: contacted.append(a))
+    recorder = serve_commands(monkeypatch, [client_module], lambda request: httpx.Response(
+        200, json={"status": "ok", "serving_profile": "maintenance", "inference": {"available": False}}))
+    code, out, err = _run(capsys, "openenv", "rollout", "--environment", "http://127.0.0.1:9", "--groups", "1")
+    assert code == 1 and not contacted
+    assert err.startswith("error: inference_disabled_by_profile: the maintenance serving profile refuses inference")
+    assert recorder.requests == [("GET", "/health")]

@@ -159,6 +159,19 @@ def test_server_rules_remote_credentials_adapters_and_disabled(api, home, settin
     assert not OpenEnvRun.objects.exists()
 
 
+def test_the_maintenance_profile_refuses_a_run_before_it_is_recorded(api, home, settings):
+    """Spec audit: a run was admitted (202), then discovered, reset and failed at its first action with
+    collection_failed; chat and evaluation were refused at once. Training runs too: they collect first."""
+    from dataclasses import replace
+
+    settings.KILN = replace(settings.KILN, serving_profile="maintenance")
+    for body in (rollout_body(URL), rollout_body(URL, kind="train", output_adapter="counter-agent")):
+        error = error_of(post_run(api, body), 503, "inference_disabled_by_profile")
+        assert error["message"] == "the maintenance serving profile refuses inference"
+        assert "KILN_SERVER_SERVING_PROFILE=stable" in error["hint"]
+    assert not OpenEnvRun.objects.exists() and not Job.objects.exists()
+
+
 def test_a_terminal_run_is_not_cancellable(api, home):
     run = post_run(api, rollout_body(URL)).json()
     assert api.delete(f"/v1/openenv/runs/{run['run_id']}").json()["state"] == "cancelled"
