@@ -153,6 +153,7 @@ def run_one(item: PlannedRequest, *, post: Callable, score: Callable, options: R
         "usage": response.get("usage"),
         "adapter": "base" if options.is_base else options.adapter,
         "seed": item.seed,
+        "latency": round(latency_ms / 1000, 6),  # seconds: the guide names the field `latency`
         "latency_ms": latency_ms,
     }
     try:

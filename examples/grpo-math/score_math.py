@@ -2,7 +2,7 @@
 """Reward 1.0 when the last integer in the reply is the task's answer, else 0.0.
 
 Reads one JSON object on stdin (task, request, response, content, usage, adapter, seed,
-latency_ms) and prints the reward. It never executes model output.
+latency, latency_ms) and prints the reward. It never executes model output.
 """
 import json
 import re

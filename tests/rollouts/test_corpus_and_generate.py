@@ -46,7 +46,10 @@ def test_results_keep_plan_order_under_concurrency_and_the_scorer_gets_the_paylo
     assert [(r.planned.task.id, r.planned.seed) for r in scored] == [(t.id, s) for t in TASKS for s in range(4)]
     assert [r.reward for r in scored[:4]] == [1.0, 0.0, 1.0, 0.0]  # even seeds answer right
     payload = score.payloads[0]
-    assert set(payload) == {"task", "request", "response", "content", "usage", "adapter", "seed", "latency_ms"}
+    # the guide's names (spec audit: it says `latency`; `latency_ms` is the same time in milliseconds)
+    assert set(payload) == {"task", "request", "response", "content", "usage", "adapter", "seed", "latency",
+                            "latency_ms"}
+    assert payload["latency"] == round(payload["latency_ms"] / 1000, 6)
     assert payload["adapter"] == "base" and payload["task"]["answer"] in (5, 17, 42)
     assert payload["request"]["rollout_provenance"] is True and payload["latency_ms"] >= 0
     assert payload["content"] == payload["response"]["choices"][0]["message"]["content"]
