@@ -150,6 +150,9 @@ def reward_statistics(groups_rewards: list[list[float]], config) -> dict[str, An
     }
 
 
+REWARD_FILTER_SIDECAR = "reward_filter_groups.json"  # reference-spec §2.9 data.reward_filter_sidecar
+
+
 def data_block(filter_result, groups_rewards: list[list[float]], ledger: RunLedger) -> dict[str, Any]:
     completions_read = sum(len(r) for r in groups_rewards)
     block = {
@@ -166,6 +169,8 @@ def data_block(filter_result, groups_rewards: list[list[float]], ledger: RunLedg
     }
     if filter_result is not None:
         block["reward_filter_action"] = filter_result.empty_filter_action
+        if filter_result.reward_filter_enabled:  # the sidecar beside the receipt says each group's fate
+            block["reward_filter_sidecar"] = REWARD_FILTER_SIDECAR
     return block
 
 

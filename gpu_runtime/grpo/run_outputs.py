@@ -18,7 +18,7 @@ import torch
 from core.artifacts import write_json
 from gpu_runtime.grpo import adapter_io, checkpoint
 from gpu_runtime.grpo.errors import TrainingError
-from gpu_runtime.grpo.receipt import build_receipt
+from gpu_runtime.grpo.receipt import REWARD_FILTER_SIDECAR, build_receipt
 from gpu_runtime.grpo.run_support import model_block, tokenizer_block
 from gpu_runtime.grpo.train_types import DEFAULT_SMOKE_PROMPTS, TrainResult
 
@@ -207,7 +207,7 @@ class RunOutputs:
         receipt = self._receipt("success", None, staged.identity, smoke=smoke, norms=norms)
         files = {"train_receipt.json": receipt}
         if self.filter_result.reward_filter_enabled:
-            files["reward_filter_groups.json"] = {
+            files[REWARD_FILTER_SIDECAR] = {
                 "schema": "kiln.reward-filter-groups.v1",
                 "groups": [vars(d) for d in self.filter_result.decisions],
             }
