@@ -1,5 +1,6 @@
-"""/v1/config: the effective configuration of this process (no secrets); and the one route of the
-spec this Kiln declares without implementing (judgments: 501 not_implemented)."""
+"""/v1/config: the effective configuration of this process (no secrets); and routes of the reference
+spec this Kiln declares without implementing (judgments, the modeled preflight estimates: 501
+not_implemented, so a client learns that at once rather than from a 404)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,23 @@ def judgments(request, name: str, action: str, body: dict = Body(default_factory
     raise KilnError("not_implemented", "judgments are not implemented by this Kiln", status=501,
                     hint="score held-out work with an eval suite's scorer (exact, a registered scorer program): "
                          "GET /v1/eval/suites")
+
+
+PREFLIGHT_ESTIMATES = ("capacity", "compatibility", "tiers", "tier_defaults")
+
+
+@router.api_operation(["GET", "POST"], "preflight/{estimate}",
+                      summary="Modeled capacity, compatibility and tier estimates (not implemented: 501)")
+def preflight_estimates(request, estimate: str):
+    """Reference-spec §1.5's modeled estimates. This Kiln answers what a real submission would meet
+    instead: the GRPO dry run's checks and memory estimate, and the OpenEnv training preflight."""
+    if estimate not in PREFLIGHT_ESTIMATES:
+        raise KilnError("not_found", f"no route /v1/preflight/{estimate[:64]}", status=404,
+                        hint="/v1/preflight/" + ", /v1/preflight/".join(PREFLIGHT_ESTIMATES))
+    raise KilnError("not_implemented", f"the modeled {estimate} estimate is not implemented by this Kiln",
+                    status=501, hint="POST /v1/train/grpo with \"dry_run\": true answers the checks a submission "
+                                     "meets and its memory estimate; POST /v1/openenv/training/preflight seals an "
+                                     "OpenEnv training contract")
 
 
 def kernel_selection() -> dict:

@@ -257,8 +257,15 @@ def test_malformed_names_are_400_and_unimplemented_routes_501(api, home):
     for action in ("compile", "validate"):
         error(send(api, "post", f"/v1/judgments/rubric/{action}", {}), 501, "not_implemented")
     error(send(api, "post", "/v1/judgments/rubric/explode", {}), 404, "not_found")
+    # reference-spec §1.5's modeled estimates (spec audit: they answered 404 as if never declared)
+    for estimate in ("capacity", "compatibility", "tiers", "tier_defaults"):
+        assert error(api.get(f"/v1/preflight/{estimate}"), 501, "not_implemented") == (
+            f"the modeled {estimate} estimate is not implemented by this Kiln")
+        error(send(api, "post", f"/v1/preflight/{estimate}", {}), 501, "not_implemented")
+    error(api.get("/v1/preflight/elsewhere"), 404, "not_found")
     paths = api.get("/v1/openapi.json").json()["paths"]
     assert "/v1/adapters/merge" in paths and "/v1/judgments/{name}/{action}" in paths
+    assert set(paths["/v1/preflight/{estimate}"]) >= {"get", "post"}
 
 
 def test_an_approvers_direct_load_respects_the_review(api, home, peft_adapter, make_client):
