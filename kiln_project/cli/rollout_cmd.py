@@ -211,7 +211,28 @@ def generate(args) -> dict:
                             unsandboxed_requested=args.unsandboxed_scorer)
     summary_bytes = (json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode()
     publish_together([(output, data), (summary_path, summary_bytes)])
-    return {**summary, "summary_path": str(summary_path)}
+    return {**summary, "summary_path": str(summary_path), "root_warning": _dataset_root_warning(client, output)}
+
+
+def _dataset_root_warning(client: KilnClient, output: Path) -> str | None:
+    """The guide's next step trains on this file by path (`dataset_path`, read by the server, which reads
+    only under its dataset roots): when the server on this machine would refuse it, say so now, not then."""
+    from urllib.parse import urlparse
+
+    from core.confined_paths import ROOTS_SETTING
+
+    if urlparse(client.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        return None  # another machine's server: its roots are paths there
+    try:
+        roots = client.get("/v1/config")["config"]["dataset_roots"]
+    except (CliError, KeyError, TypeError):
+        return None
+    real = output.resolve()
+    if not isinstance(roots, list) or any(real.is_relative_to(Path(str(root)).resolve()) for root in roots):
+        return None
+    return (f"{output} lies outside the server's dataset roots ({', '.join(map(str, roots))}), so POST "
+            f"/v1/train/grpo with it as dataset_path will be refused: write it under one of them, or add its "
+            f"folder to {ROOTS_SETTING} and restart")
 
 
 def run(args) -> int:
@@ -237,4 +258,6 @@ def run(args) -> int:
               "diversity or the reward shape before training.", file=sys.stderr)
     if not summary["scorer"]["sandboxed"]:
         print(f"warning: {summary['scorer']['warning']}", file=sys.stderr)
+    if summary.get("root_warning"):
+        print(f"warning: {summary['root_warning']}", file=sys.stderr)
     return 0

@@ -170,3 +170,30 @@ def test_the_command_module_stays_light():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'django', 'peft')))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_file_the_local_server_could_not_train_on_by_path_is_warned_about(workdir, capsys, monkeypatch, inside):
+    """Spec audit: the guide's step 5 sends this file as dataset_path, which the server reads only under its
+    dataset roots; written elsewhere, the refusal came two steps later. Now rollout-generate says so."""
+    roots = [str(workdir)] if inside else ["/srv/kiln/rollouts", "/srv/kiln/datasets"]
+
+    class LocalServer(FakeClient):
+        def __init__(self, url=None, token=None, timeout=30.0):
+            self.url = "http://127.0.0.1:8420"
+
+        def get(self, path):
+            assert path == "/v1/config"
+            return {"config": {"dataset_roots": roots}}
+
+    monkeypatch.setattr(rollout_cmd, "KilnClient", LocalServer)
+    assert cli_main.main(argv(workdir)) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if "outside the server's dataset roots" in line]
+    if inside:
+        assert not warned
+    else:
+        assert warned == [f"warning: {workdir / 'r.rollouts.jsonl'} lies outside the server's dataset roots "
+                          "(/srv/kiln/rollouts, /srv/kiln/datasets), so POST /v1/train/grpo with it as dataset_path "
+                          "will be refused: write it under one of them, or add its folder to [training] "
+                          "dataset_roots in kiln.toml (or KILN_DATASET_ROOTS, separated by ':') and restart"]
