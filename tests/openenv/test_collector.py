@@ -284,3 +284,20 @@ def test_capacity_of_one_session_is_retried_and_counted(tmp_path):
         bundle = run_collection(config)
     stats = bundle.summary_value["stats"]
     assert stats["capacity_retry_count"] >= 1 and stats["done_count"] + stats["max_steps_count"] == 2
+
+
+def test_an_observations_input_text_is_the_prompt_verbatim_else_the_whole_wire_json():
+    """The guide: "Optional observation input_text is pasted verbatim as the model-facing prompt, while the
+    complete wire observation remains in rollout and replay provenance. Observations without that optional
+    profile use the complete wire JSON.\""""
+    from openenv.collector.prompts import observation_text
+
+    with_text = {"observation": {"input_text": "Board:\n X | O \n  Your move?", "board": [1, 2]}, "reward": 0.5,
+                 "done": False}
+    assert observation_text(with_text, "step") == "Board:\n X | O \n  Your move?"
+    plain = {"observation": {"board": [1, 2], "input_text": ""}, "reward": None, "done": False, "metadata": {"k": 1}}
+    assert observation_text(plain, "reset") == (
+        "OpenEnv reset result (observation, reward, done, and optional metadata JSON):\n"
+        '{"observation":{"board":[1,2],"input_text":""},"reward":null,"done":false,"metadata":{"k":1}}')
+    assert observation_text({"observation": {"input_text": 7}, "reward": 0, "done": True}, "step").endswith(
+        '{"observation":{"input_text":7},"reward":0,"done":true}')
