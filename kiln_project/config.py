@@ -165,7 +165,21 @@ def _find_config_file(env: dict) -> Path | None:
             raise ConfigError(f"KILN_CONFIG names {path}, which is not a file")
         return path
     local = Path.cwd() / "kiln.toml"
-    return local if local.is_file() else None
+    if local.is_file():
+        return local
+    return _demo_settings_file(env)
+
+
+def _demo_settings_file(env: dict) -> Path | None:
+    """KILN_HOME/kiln.toml, the demo's settings `./scripts/serve` writes there, when it serves the demo
+    model (no KILN_MODEL_PATH, or one naming a tiny model's folder): scripts/serve's own rule, so that the
+    guide's plain `kiln serve` after a first `./scripts/serve` keeps them (QA: restarted that way, every
+    curl step got 401 and training lost the demo's defaults). A model of your own never gets them."""
+    model = env.get("KILN_MODEL_PATH")
+    if model and not (Path(model).expanduser() / "kiln_tiny_release.json").is_file():
+        return None
+    kept = Path(env.get("KILN_HOME") or "~/.kiln").expanduser() / "kiln.toml"
+    return kept if kept.is_file() else None
 
 
 def _tables(toml: dict) -> dict[str, dict]:
@@ -205,7 +219,8 @@ def load_config(env: dict | None = None) -> KilnConfig:
             elif config_file:
                 where = str(config_file)
             else:
-                where = "kiln.toml (KILN_CONFIG, else ./kiln.toml) or the KILN_* environment variable"
+                where = ("kiln.toml (KILN_CONFIG, else ./kiln.toml, else the demo's KILN_HOME/kiln.toml) or the "
+                         "KILN_* environment variable")
             exc.hint = f"fix {where}; README.md, Configuration, lists every setting"
         raise
 

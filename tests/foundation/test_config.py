@@ -38,6 +38,28 @@ def test_tiny_model_in_home_is_the_embedded_default(tmp_path, monkeypatch):
     assert load_config({"KILN_HOME": str(tmp_path)}).model_path == tmp_path / "models" / "tiny"
 
 
+def test_plain_kiln_serve_reads_the_demos_settings_in_home_while_the_demo_model_serves(tmp_path, monkeypatch):
+    """QA: after a first ./scripts/serve, the guide's plain `kiln serve` read no kiln.toml, so the demo's
+    anonymous loopback access (every guide curl got 401) and training defaults were gone. scripts/serve's
+    rule: the demo's file in KILN_HOME, unless settings of yours or a model of your own."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    monkeypatch.chdir(work)
+    (home / "kiln.toml").write_text("[server]\nallow_anonymous_api = true\n")
+    demo = load_config({"KILN_HOME": str(home)})
+    assert demo.allow_anonymous_api is True and demo.config_file == home / "kiln.toml"
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "kiln_tiny_release.json").write_text("{}")
+    assert load_config({"KILN_HOME": str(home), "KILN_MODEL_PATH": str(tiny)}).allow_anonymous_api is True
+    own = load_config({"KILN_HOME": str(home), "KILN_MODEL_PATH": str(tmp_path / "my-model")})
+    assert own.allow_anonymous_api is False and own.config_file is None  # a model of your own: not the demo's
+    (work / "kiln.toml").write_text("[server]\nport = 9000\n")  # settings of yours win outright
+    yours = load_config({"KILN_HOME": str(home)})
+    assert yours.config_file == work / "kiln.toml" and yours.allow_anonymous_api is False
+
+
 @pytest.mark.parametrize(
     "env, message",
     [
