@@ -317,7 +317,7 @@ def _activated_by(body: dict) -> str:
     who loaded it by hand ("" for an activation without a promotion)."""
     if body.get("promotion_id") is None:
         return ""
-    return f"activated by promotion {body['promotion_id']}, approved by {body.get('actor') or 'someone'}, "
+    return f"activated by promotion {body['promotion_id']}, approved by {body.get('actor') or 'an anonymous caller'}, "
 
 
 @register_link("activation")
@@ -359,7 +359,7 @@ def _activation(chain: Chain):
             origin = f" for job {body['origin_job_id']}" if body.get("origin_job_id") else ""
             return ok("activation", f"active: activated by Kiln{origin} (receipt row {row.id}: "
                       f"{body.get('reason')}{gate})")
-        who = body.get("actor") or "someone"
+        who = body.get("actor") or "an anonymous caller"
         return ok("activation", f"active: loaded by hand by {who} (receipt row {row.id}: {body.get('reason')}{gate})")
     if chain.gated:
         return broken("activation", f"active, but no activation receipt binds it to a promoted gate (gate {outcome})",
@@ -416,7 +416,7 @@ def _promotion(chain: Chain):
         return broken("promotion", *people)
     decision = approvals[-1].body
     override = " (an override of its alarms)" if decision.get("override") else ""
-    return ok("promotion", f"promotion {promotion.id} approved by {decision.get('actor') or 'someone'}{override}: "
+    return ok("promotion", f"promotion {promotion.id} approved by {decision.get('actor') or 'an anonymous caller'}{override}: "
               f"{decision.get('reason')} (approval row {approvals[-1].id})", promotion.evidence_sha256,
               promotion.evidence_sha256)
 

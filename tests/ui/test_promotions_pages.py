@@ -111,6 +111,28 @@ def test_queue_lists_pending_first_filters_and_polls_its_rows(home, team):
     assert "there is no promotion state" in bad and f"promotion-row-{older.id}" in bad
 
 
+def test_who_requested_is_a_user_kiln_for_a_job_or_an_anonymous_caller_never_a_made_up_gate(home, team):
+    """QA: a hand activation by an anonymous loopback caller read "Requested ... by the post-eval gate"."""
+    requester, reviewer, _ = team
+    for name in ("r2", "r3", "r4"):
+        published(home, name)
+    by_hand = promotion_request(candidate="r2", user=None, reason="rollback by hand")
+    by_job = promotion_request(candidate="r3", user=None, reason="post_eval gate passed",
+                               job=_training_job(requester, REWARDS))
+    by_user = promotion_request(candidate="r4", user=requester, reason="round four")
+    client = _client(reviewer)
+    said = {p.id: _text(_html(client.get(f"/ui/promotions/{p.id}/")), "promotion-requested-by")
+            for p in (by_hand, by_job, by_user)}
+    assert said[by_hand.id] == "an anonymous caller"
+    assert said[by_job.id] == f"Kiln, for job {str(by_job.job.uuid)[:8]}"
+    assert said[by_user.id] == requester.username
+    rows = _html(client.get("/ui/promotions/"))
+    assert "the gate" not in rows and "the post-eval gate" not in rows
+    for promotion, who in ((by_hand, "an anonymous caller"), (by_job, "Kiln, for a job"), (by_user, requester.username)):
+        row = rows[rows.index(f'id="promotion-row-{promotion.id}"'):]
+        assert row[:row.index("</tr>")].count(f'<div class="sub promotion-requested-by">{who}</div>') == 1, who
+
+
 def test_empty_queue_and_the_approver_hint(team):
     requester, _, _ = team
     html = _html(_client(requester).get("/ui/promotions/"))
