@@ -42,11 +42,19 @@ def judgments(request, name: str, action: str, body: dict = Body(default_factory
 PREFLIGHT_ESTIMATES = ("capacity", "compatibility", "tiers", "tier_defaults")
 
 
-@router.api_operation(["GET", "POST"], "preflight/{estimate}",
-                      summary="Modeled capacity, compatibility and tier estimates (not implemented: 501)")
+@router.get("preflight/{estimate}", summary="Modeled capacity, compatibility and tier estimates (not implemented: 501)")
 def preflight_estimates(request, estimate: str):
     """Reference-spec §1.5's modeled estimates. This Kiln answers what a real submission would meet
     instead: the GRPO dry run's checks and memory estimate, and the OpenEnv training preflight."""
+    _refuse_estimate(estimate)
+
+
+@router.post("preflight/{estimate}", summary="Modeled estimates for a request (not implemented: 501)")
+def preflight_estimates_for(request, estimate: str, body: dict = Body(default_factory=dict)):  # noqa: B008
+    _refuse_estimate(estimate)
+
+
+def _refuse_estimate(estimate: str):
     if estimate not in PREFLIGHT_ESTIMATES:
         raise KilnError("not_found", f"no route /v1/preflight/{estimate[:64]}", status=404,
                         hint="/v1/preflight/" + ", /v1/preflight/".join(PREFLIGHT_ESTIMATES))

@@ -322,6 +322,14 @@ def resume_request(detail: dict, checkpoint: str | None) -> tuple[str, dict]:
     return replay["route"], body
 
 
+def _say_what_publication_does(response: dict) -> None:
+    """The server's message says what becomes of the adapter once published (active at once, gated,
+    waiting for a reviewer, or kept for review): on stderr, so stdout stays the one `queued` line."""
+    message = str(response.get("message") or "")
+    if "; it will publish adapter " in message:
+        print(f"kiln: note: {message.split('; ', 1)[1]}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     client = KilnClient(args.url)
     if args.train_command == "grpo":
@@ -337,11 +345,13 @@ def run(args) -> int:
         if args.follow:
             if not args.json:  # the id first: an interrupted follow leaves it on screen
                 print(f"queued {response['job_id']} (effective seed {response['effective_seed']})", flush=True)
+                _say_what_publication_does(response)
             return _final(follow_training(client, response["job_id"]), args.json)
         if args.json:
             print_json(response)
         else:
             print(f"queued {response['job_id']} (effective seed {response['effective_seed']})")
+            _say_what_publication_does(response)
         return 0
     if args.train_command == "resume":
         detail = client.get(api_path("/v1/train/jobs", job_id_arg(args.job_id, "training job")))
