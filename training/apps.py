@@ -3,9 +3,10 @@ from django.apps import AppConfig
 # Where a training run's failure hint differs from any job's: it resumes from its newest checkpoint.
 GRPO_ERROR_HINTS = (
     ("job_cancelled", "it was cancelled on request; resubmit it (a training run resumes from its latest_checkpoint "
-                      "with resume_checkpoint)"),
+                      "with resume_checkpoint: kiln train resume --job-id ID does that)"),
     ("job_interrupted", "its worker stopped while it ran (kill, restart, out of memory); submit it again (a training "
-                        "run resumes from its latest_checkpoint with resume_checkpoint)"),
+                        "run resumes from its latest_checkpoint with resume_checkpoint: kiln train resume --job-id ID "
+                        "does that)"),
 )
 
 

@@ -308,9 +308,17 @@ def resume_request(detail: dict, checkpoint: str | None) -> tuple[str, dict]:
     config with its seed, and post_eval) with config.resume_checkpoint. A resume must be the same run
     (the server refuses another config or other data), so nothing here is rebuilt from flags."""
     replay = detail.get("replay_request")
+    if detail.get("state") == "completed":  # QA: answered adapter_revision_conflict for the name it published
+        raise CliError("training_job_completed", f"training job {detail.get('job_id')} completed and published "
+                       f"{detail.get('adapter_name')}; there is nothing to resume",
+                       f"to train further, submit a new run with base_adapter {detail.get('adapter_name')} and a new "
+                       "output name")
     name = checkpoint or (detail.get("latest_checkpoint") or {}).get("resume_checkpoint")
     if not name:
+        interval = ((replay or {}).get("body") or {}).get("config", {}).get("checkpoint_interval")
         raise CliError("checkpoint_not_found", f"training job {detail.get('job_id')} has no checkpoint to resume from",
+                       f"it stopped before its first checkpoint (every {interval} optimizer groups); it can only run "
+                       "again" if interval else
                        "set config.checkpoint_interval so a run writes checkpoints; this one can only run again")
     if not replay:
         raise CliError("resume_needs_the_request", f"training job {detail.get('job_id')} was sent its groups inline; "

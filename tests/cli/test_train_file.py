@@ -198,3 +198,27 @@ def test_resume_json_prints_one_json_object(monkeypatch, capsys):
     args.json = False
     assert train_cmd.run(args) == 0
     assert capsys.readouterr().out == "queued j2: resumes a-r001 from a-r001-checkpoint-step-00000005.kiln-checkpoint\n"
+
+
+def test_resume_of_a_completed_job_or_one_without_a_checkpoint_says_why():
+    """QA: a completed job's resume answered adapter_revision_conflict for the name it had published, and a
+    job that set checkpoint_interval but stopped before its first checkpoint was told to set one."""
+    from kiln_project.cli.client import CliError
+    from kiln_project.cli.train_cmd import resume_request
+
+    replay = {"route": "/v1/train/grpo", "body": {"config": {"checkpoint_interval": 25}}}
+    done = {"job_id": "j1", "state": "completed", "adapter_name": "math-r001", "replay_request": replay,
+            "latest_checkpoint": {"resume_checkpoint": "math-r001-checkpoint-step-00000025.kiln-checkpoint"}}
+    with pytest.raises(CliError) as completed:
+        resume_request(done, None)
+    assert completed.value.code == "training_job_completed"
+    assert "base_adapter math-r001 and a new output name" in completed.value.hint
+    early = {"job_id": "j2", "state": "failed", "adapter_name": "math-r002", "replay_request": replay}
+    with pytest.raises(CliError) as stopped:
+        resume_request(early, None)
+    assert stopped.value.code == "checkpoint_not_found"
+    assert stopped.value.hint == "it stopped before its first checkpoint (every 25 optimizer groups); it can only run again"
+    never = {**early, "replay_request": {"route": "/v1/train/grpo", "body": {"config": {}}}}
+    with pytest.raises(CliError) as unset:
+        resume_request(never, None)
+    assert unset.value.hint.startswith("set config.checkpoint_interval")
