@@ -26,7 +26,8 @@ from training.schemas import (
     TrainingQueue,
     TrainingStatus,
 )
-from training.services import grpo_dry_run, grpo_submit, snapshot_discard
+from training.services import grpo_dry_run, grpo_submit
+from training.snapshots import snapshot_discard
 
 router = Router(tags=["training"])
 

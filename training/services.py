@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
 
 from adapters.selectors import adapter_published_path
 from adapters.services import adapter_reserve, check_output_name_free, validate_adapter_name
-from core.artifacts import CHECKPOINT_MANIFEST, ensure_dir, write_file
+from core.artifacts import CHECKPOINT_MANIFEST
 from core.confined_paths import PathRefused, confined_file
 from core.contracts.groups import (
     MAX_COMPLETIONS_PER_GROUP,
@@ -48,6 +46,7 @@ from training.payloads import GrpoJobPayload
 from training.post_eval_admission import gate_warnings
 from training.reward_contrast import groups_with_reward_contrast, reward_contrast_warnings
 from training.selectors import checkpoint_manifest_sha256
+from training.snapshots import pin_snapshot, unpin_snapshot
 
 INLINE_SOURCES = ("groups", "agentic_groups", "rollouts")
 
@@ -84,15 +83,6 @@ def field_hint(field: str) -> str:
 def _invalid(message: str, field: str, hint: str = "") -> KilnError:
     return KilnError("training_invalid_request", f"{field}: {message}", hint=hint or field_hint(field), status=400,
                      field=field)
-
-
-def snapshots_dir() -> Path:
-    return ensure_dir(settings.KILN.layout.training_snapshots)
-
-
-def _pin_snapshot(corpus: AdmittedCorpus) -> Path:
-    """Write the admitted corpus as a private read-only file: the job trains on exactly these bytes."""
-    return write_file(snapshots_dir() / f"{uuid.uuid4().hex}.jsonl", corpus.jsonl, mode=0o444, exclusive=True)
 
 
 def _read_dataset_path(value) -> tuple[AdmittedCorpus, dict]:
@@ -233,20 +223,6 @@ def _check_recorded(corpus: AdmittedCorpus, base_adapter_name: str | None) -> No
         adapter = adapter_get(name=base_adapter_name)
         base = {"name": adapter.name, "content_sha256": adapter.content_sha256}
     check_recorded_corpus(corpus.groups, model_identity=served_model_identity(), base_adapter=base)
-
-
-def snapshot_discard(job) -> bool:
-    """Remove the pinned corpus of a deleted training job that published nothing (failed, cancelled):
-    nothing reads it again. A completed job's snapshot stays: its adapter's lineage check
-    (`kiln adapters verify`, promotion evidence) re-hashes it. Whether a file was removed."""
-    if job.state == "completed":
-        return False
-    path = Path((job.payload or {}).get("snapshot_path") or "")
-    snapshots = settings.KILN.layout.training_snapshots
-    if not path.name or path.parent.resolve() != snapshots.resolve() or not path.is_file():
-        return False  # only ever a file Kiln pinned itself
-    path.unlink()
-    return True
 
 
 def _check_checkpoint(value: str, output_name: str, corpus: AdmittedCorpus, source_kind: str) -> None:
@@ -462,7 +438,7 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_
     if admission.submission.dry_run:
         raise _invalid("is answered by grpo_dry_run, which queues nothing", "dry_run")
     corpus, effective, output_name = admission.corpus, admission.effective, admission.output_name
-    snapshot = _pin_snapshot(corpus)
+    snapshot = pin_snapshot(corpus)
     try:
         with transaction.atomic():
             payload = GrpoJobPayload(
@@ -482,7 +458,6 @@ def grpo_submit(*, body: dict, user=None, route: str = "/v1/train/grpo", sealed_
             job = job_submit(kind="training.grpo", payload=payload, title=f"GRPO → {output_name}", user=user)
             adapter_reserve(name=output_name, job=job, base_adapter=effective.base_adapter or "")
     except BaseException:
-        snapshot.chmod(0o644)
-        snapshot.unlink(missing_ok=True)
+        unpin_snapshot(snapshot, corpus.sha256)
         raise
     return job, admission.seed

@@ -64,10 +64,10 @@ def test_the_tiny_model_recipe(tmp_path, disk_full):
 
 @pytest.mark.django_db
 def test_the_corpus_snapshot_pin(home, disk_full):
-    from training.services import _pin_snapshot
+    from training.snapshots import pin_snapshot
 
     with pytest.raises(OSError):
-        _pin_snapshot(admit_groups([GROUP]))
+        pin_snapshot(admit_groups([GROUP]))
     assert disk_full and files_under(home) == []
 
 

@@ -3,6 +3,7 @@
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,37 @@ def test_inline_groups_are_queued_with_a_pinned_snapshot(api):
     assert not os.stat(snapshot).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
     assert job.payload["config"]["behavior_policy"] == "no_importance_correction"
     assert Adapter.objects.get(name="math-r001").state == "writing"
+
+
+def test_jobs_on_one_corpus_share_its_bytes_and_the_last_delete_frees_them(api):
+    """QA: ten trainings on one 19 MB file kept ten byte-identical snapshots. Each job's pinned file is now
+    a hard link to one copy named by the corpus digest; deleting the jobs (failed, cancelled) frees it."""
+    import uuid
+
+    from training.snapshots import snapshot_discard, snapshots_dir
+
+    group = {**GROUP, "messages": [{"role": "user", "content": f"What is 2 + 3? ({uuid.uuid4().hex})"}]}
+    jobs = []
+    for name in ("share-r001", "share-r002", "share-r003"):
+        response = _post(api, {"groups": [group], "config": {"output_name": name}})
+        assert response.status_code == 200, response.content
+        jobs.append(Job.objects.get(uuid=response.json()["job_id"]))
+    pinned = [Path(job.payload["snapshot_path"]) for job in jobs]
+    digest = jobs[0].payload["training_data"]["admitted_corpus_sha256"]
+    shared = snapshots_dir() / f"sha256-{digest.removeprefix('sha256:')}.jsonl"
+    assert len(set(pinned)) == 3 and {os.stat(p).st_ino for p in pinned} == {os.stat(shared).st_ino}
+    assert os.stat(shared).st_nlink == 4 and sha256_digest(shared.read_bytes()) == digest
+    other = _post(api, {"groups": [{**group, "completions": group["completions"][::-1]}],
+                        "config": {"output_name": "share-r004"}}).json()
+    assert os.stat(Job.objects.get(uuid=other["job_id"]).payload["snapshot_path"]).st_ino != os.stat(shared).st_ino
+    for left, job in reversed(list(enumerate(jobs))):
+        Job.objects.filter(id=job.id).update(state="failed")
+        job.refresh_from_db()
+        assert snapshot_discard(job)
+        if left:
+            assert os.stat(shared).st_nlink == left + 1
+            assert not os.stat(shared).st_mode & stat.S_IWUSR  # still read-only for the jobs left
+    assert not shared.exists() and not any(p.exists() for p in pinned)
 
 
 def test_agentic_alias_and_rollouts_alias(api):
@@ -418,8 +450,10 @@ def test_a_full_disk_at_submission_is_507_and_leaves_nothing(api, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("training.services.write_file", full)
-    response = _post(api, {"groups": [GROUP], "config": {"output_name": "math-r001"}})
+    monkeypatch.setattr("training.snapshots.write_file", full)
+    # a corpus no earlier job pinned (one already pinned is linked, which needs no new bytes)
+    fresh = {**GROUP, "messages": [{"role": "user", "content": "What is 2 + 3, on a full disk?"}]}
+    response = _post(api, {"groups": [fresh], "config": {"output_name": "math-r001"}})
     assert response.status_code == 507, response.content
     error = response.json()["error"]
     assert error["code"] == "adapter_disk_quota_exceeded" and "disk is full" in error["message"] and error["hint"]

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from adapters.models import Adapter
 from core.jobs.models import Job, WorkerHeartbeat
-from training.services import snapshots_dir
+from training.snapshots import snapshots_dir
 
 pytestmark = pytest.mark.django_db
 

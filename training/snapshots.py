@@ -1,0 +1,70 @@
+"""The pinned corpus of each training job: the exact bytes it trains on, read-only under
+KILN_HOME/training/snapshots, kept while its adapter's lineage may be re-hashed (verify, promotion
+evidence) and removed with a job that published nothing. Jobs on one corpus share its bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+
+from core.artifacts import ensure_dir, write_file
+from core.contracts.groups import AdmittedCorpus
+
+
+def snapshots_dir() -> Path:
+    return ensure_dir(settings.KILN.layout.training_snapshots)
+
+
+def _shared_snapshot(sha256: str) -> Path:
+    return snapshots_dir() / f"sha256-{sha256.removeprefix('sha256:')}.jsonl"
+
+
+def pin_snapshot(corpus: AdmittedCorpus) -> Path:
+    """Pin the admitted corpus as a private read-only file: the job trains on exactly these bytes.
+
+    Jobs on the same corpus share its bytes (QA: ten runs on one 19 MB file kept ten copies): each job's
+    file is a hard link to one copy named by the corpus digest. The shared copy is used only when it still
+    holds exactly these bytes; otherwise a fresh one replaces the name (earlier jobs keep their own inode)."""
+    shared = _shared_snapshot(corpus.sha256)
+    pinned = snapshots_dir() / f"{uuid.uuid4().hex}.jsonl"
+    try:
+        if not (shared.is_file() and shared.read_bytes() == corpus.jsonl):
+            write_file(shared, corpus.jsonl, mode=0o444)
+        os.link(shared, pinned)
+        return pinned
+    except OSError:  # a filesystem without hard links, or a race on the shared name: a copy of its own
+        _drop_if_unlinked(shared)
+        return write_file(pinned, corpus.jsonl, mode=0o444, exclusive=True)
+
+
+def unpin_snapshot(path: Path, sha256: str | None) -> None:
+    """Remove a job's pinned file, and the shared copy once no job's file links to it any more. (No chmod
+    first: the mode belongs to the inode other jobs' files share; the folder's permission is what counts.)"""
+    path.unlink(missing_ok=True)
+    if sha256:
+        _drop_if_unlinked(_shared_snapshot(sha256))
+
+
+def _drop_if_unlinked(shared: Path) -> None:
+    """Remove a shared copy no job's file links to any more."""
+    with contextlib.suppress(OSError):
+        if shared.stat().st_nlink == 1:
+            shared.unlink()
+
+
+def snapshot_discard(job) -> bool:
+    """Remove the pinned corpus of a deleted training job that published nothing (failed, cancelled):
+    nothing reads it again. A completed job's snapshot stays: its adapter's lineage check
+    (`kiln adapters verify`, promotion evidence) re-hashes it. Whether a file was removed."""
+    if job.state == "completed":
+        return False
+    path = Path((job.payload or {}).get("snapshot_path") or "")
+    snapshots = settings.KILN.layout.training_snapshots
+    if not path.name or path.parent.resolve() != snapshots.resolve() or not path.is_file():
+        return False  # only ever a file Kiln pinned itself
+    unpin_snapshot(path, ((job.payload or {}).get("training_data") or {}).get("admitted_corpus_sha256"))
+    return True
