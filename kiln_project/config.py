@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -165,21 +166,27 @@ def _find_config_file(env: dict) -> Path | None:
             raise ConfigError(f"KILN_CONFIG names {path}, which is not a file")
         return path
     local = Path.cwd() / "kiln.toml"
-    if local.is_file():
-        return local
-    return _demo_settings_file(env)
+    return local if local.is_file() else None
 
 
-def _demo_settings_file(env: dict) -> Path | None:
-    """KILN_HOME/kiln.toml, the demo's settings `./scripts/serve` writes there, when it serves the demo
-    model (no KILN_MODEL_PATH, or one naming a tiny model's folder): scripts/serve's own rule, so that the
-    guide's plain `kiln serve` after a first `./scripts/serve` keeps them (QA: restarted that way, every
-    curl step got 401 and training lost the demo's defaults). A model of your own never gets them."""
+def demo_settings_file(env: dict) -> Path | None:
+    """The demo's settings that `./scripts/serve` wrote to KILN_HOME/kiln.toml, for a `kiln serve` with no
+    kiln.toml of its own (KILN_CONFIG, ./kiln.toml) that serves the demo model (no KILN_MODEL_PATH, or one
+    naming a tiny model's folder): scripts/serve's own rule, so the guide's plain `kiln serve` after a first
+    `./scripts/serve` keeps them. Only a file this user owns that nobody else may write: anyone who could
+    write it could otherwise open the API or the dataset roots. A model of your own never gets them."""
+    if env.get("KILN_CONFIG") or (Path.cwd() / "kiln.toml").is_file():
+        return None
     model = env.get("KILN_MODEL_PATH")
     if model and not (Path(model).expanduser() / "kiln_tiny_release.json").is_file():
         return None
     kept = Path(env.get("KILN_HOME") or "~/.kiln").expanduser() / "kiln.toml"
-    return kept if kept.is_file() else None
+    try:
+        info = kept.lstat()
+    except OSError:
+        return None
+    ours = stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return kept if ours else None
 
 
 def _tables(toml: dict) -> dict[str, dict]:
@@ -219,8 +226,7 @@ def load_config(env: dict | None = None) -> KilnConfig:
             elif config_file:
                 where = str(config_file)
             else:
-                where = ("kiln.toml (KILN_CONFIG, else ./kiln.toml, else the demo's KILN_HOME/kiln.toml) or the "
-                         "KILN_* environment variable")
+                where = "kiln.toml (KILN_CONFIG, else ./kiln.toml) or the KILN_* environment variable"
             exc.hint = f"fix {where}; README.md, Configuration, lists every setting"
         raise
 
@@ -273,6 +279,12 @@ def _load(env: dict, config_file: Path | None) -> KilnConfig:
     if kernels not in KERNEL_MODES:
         raise ConfigError(f"KILN_KERNELS must be one of {', '.join(KERNEL_MODES)}, not {env['KILN_KERNELS']!r}")
 
+    anonymous = _bool_setting(env, "KILN_ALLOW_ANONYMOUS_API", server_toml, "[server]", "allow_anonymous_api", False)
+    production = _bool_setting(env, "KILN_PRODUCTION", server_toml, "[server]", "production", False)
+    if anonymous and production:  # behind the proxy production expects, every caller reads as loopback
+        raise ConfigError("allow_anonymous_api cannot be on with production: behind the reverse proxy production "
+                          "expects, every request reaches Kiln from 127.0.0.1, so every caller would be anonymous")
+
     extra_modules = env.get("KILN_EXTRA_JOB_MODULES", "")
     return KilnConfig(
         home=home_path,
@@ -282,8 +294,7 @@ def _load(env: dict, config_file: Path | None) -> KilnConfig:
         port=_int_setting(env, "KILN_PORT", server_toml, "[server]", "port", DEFAULT_PORT, 1, 65535),
         database_url=env.get("DATABASE_URL") or None,
         redis_url=_redis_url(env, "KILN_REDIS_URL"),
-        allow_anonymous_api=_bool_setting(env, "KILN_ALLOW_ANONYMOUS_API", server_toml, "[server]",
-                                          "allow_anonymous_api", False),
+        allow_anonymous_api=anonymous,
         max_queued_jobs=_max_queued_jobs(env, training_toml, jobs_toml),
         max_request_bytes=_int_setting(env, "KILN_MAX_REQUEST_BYTES", server_toml, "[server]", "max_request_bytes",
                                        8 * 1024 * 1024, 1024),
@@ -294,7 +305,7 @@ def _load(env: dict, config_file: Path | None) -> KilnConfig:
         extra_job_modules=tuple(m.strip() for m in extra_modules.split(",") if m.strip()),
         extra_dataset_roots=_extra_dataset_roots(env, training_toml, config_file),
         allowed_hosts=_allowed_hosts(env, server_toml),
-        production=_bool_setting(env, "KILN_PRODUCTION", server_toml, "[server]", "production", False),
+        production=production,
         openenv_allow_remote_environments=_bool_setting(
             env, "KILN_OPENENV_ALLOW_REMOTE_ENVIRONMENTS", openenv_toml, "[openenv]", "allow_remote_environments",
             False),

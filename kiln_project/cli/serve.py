@@ -23,6 +23,7 @@ from pathlib import Path
 from core.process_locks import ProcessLock, die_with_parent
 from kiln_project.cli.client import CliError
 from kiln_project.cli.migrate_lock import migrate_database
+from kiln_project.config import demo_settings_file
 
 WORKERS = {"gpu-worker": ["--queues", "gpu,infer", "--threads", "8"],
            "control-worker": ["--queues", "control", "--threads", "4"]}
@@ -214,6 +215,10 @@ def run(args) -> int:
     # The folder serve was started in is a dataset root (the guide's files live there): children
     # inherit it even where they change their working folder.
     os.environ.setdefault("KILN_LAUNCH_DIR", os.getcwd())
+    demo = demo_settings_file(os.environ)
+    if demo is not None:  # restarted as the guide says, after a first ./scripts/serve: keep the demo's settings
+        os.environ["KILN_CONFIG"] = str(demo)
+        print(f"kiln: using the demo's settings in {demo}", flush=True)
     if args.host:
         os.environ["KILN_HOST"] = args.host
     if args.port is not None:

@@ -42,9 +42,9 @@ def test_serve_sets_kiln_up_first_then_runs_kiln_serve(tmp_path):
 
 
 def test_serve_keeps_the_guides_curl_steps_working_when_a_model_path_is_given(tmp_path):
-    """QA: `KILN_MODEL_PATH=... ./kiln serve` (the OpenEnv guide's first step) on a fresh home left the API
-    closed to the GRPO guide's curl steps (401). A tiny model's folder gets the demo's settings; a model of
-    your own gets the anonymous loopback access alone (the demo's training defaults do not fit it)."""
+    """`KILN_MODEL_PATH=... ./kiln serve` (the OpenEnv guide's first step) on a fresh home: a tiny model's
+    folder gets the demo's settings (anonymous loopback access for the curl steps); a model of your own gets
+    neither (often served on a shared host or behind a proxy), but serve says how to send the token."""
     demo_home, own_home = tmp_path / "demo", tmp_path / "own"
     first = _launch("serve", "--help", cwd=tmp_path, home=demo_home)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -57,11 +57,13 @@ def test_serve_keeps_the_guides_curl_steps_working_when_a_model_path_is_given(tm
     (own_model / "config.json").write_text("{}")
     own = _launch("serve", "--help", cwd=tmp_path, home=own_home, KILN_MODEL_PATH=str(own_model))
     assert own.returncode == 0, own.stdout + own.stderr
-    assert not (own_home / "kiln.toml").exists()  # no demo training defaults for your model
-    assert "programs on this machine may use the API without a token" in own.stdout
-    (tmp_path / "kiln.toml").write_text("[server]\nallow_anonymous_api = false\n")  # settings of yours win
+    # no demo settings for your model: the API keeps asking for a token, and serve says how to send one
+    assert not (own_home / "kiln.toml").exists()
+    assert (f"kiln: the API asks for a token: export KILN_API_TOKEN=$(cat {own_home}/cli-token) and add -H "
+            '"Authorization: Bearer $KILN_API_TOKEN" to the guides\' curl steps') in own.stdout
+    (tmp_path / "kiln.toml").write_text("[server]\nallow_anonymous_api = false\n")  # settings of yours: no note
     yours = _launch("serve", "--help", cwd=tmp_path, home=own_home, KILN_MODEL_PATH=str(own_model))
-    assert yours.returncode == 0 and "without a token" not in yours.stdout
+    assert yours.returncode == 0 and "asks for a token" not in yours.stdout
 
 
 def test_serve_refuses_a_bad_setting_in_one_line_before_migrating(tmp_path):

@@ -38,26 +38,50 @@ def test_tiny_model_in_home_is_the_embedded_default(tmp_path, monkeypatch):
     assert load_config({"KILN_HOME": str(tmp_path)}).model_path == tmp_path / "models" / "tiny"
 
 
-def test_plain_kiln_serve_reads_the_demos_settings_in_home_while_the_demo_model_serves(tmp_path, monkeypatch):
+def test_plain_kiln_serve_finds_the_demos_settings_in_home_while_the_demo_model_serves(tmp_path, monkeypatch):
     """QA: after a first ./scripts/serve, the guide's plain `kiln serve` read no kiln.toml, so the demo's
-    anonymous loopback access (every guide curl got 401) and training defaults were gone. scripts/serve's
-    rule: the demo's file in KILN_HOME, unless settings of yours or a model of your own."""
+    anonymous loopback access (every guide curl got 401) and training defaults were gone. `kiln serve`
+    (not load_config: no other process reads it) takes KILN_HOME/kiln.toml by scripts/serve's rule, and
+    only a file this user owns that nobody else may write."""
+    import os
+
+    from kiln_project.config import demo_settings_file
+
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     home.mkdir()
     monkeypatch.chdir(work)
-    (home / "kiln.toml").write_text("[server]\nallow_anonymous_api = true\n")
-    demo = load_config({"KILN_HOME": str(home)})
-    assert demo.allow_anonymous_api is True and demo.config_file == home / "kiln.toml"
+    demo = home / "kiln.toml"
+    demo.write_text("[server]\nallow_anonymous_api = true\n")
+    demo.chmod(0o600)
+    assert demo_settings_file({"KILN_HOME": str(home)}) == demo
+    assert load_config({"KILN_HOME": str(home)}).config_file is None  # every other process: explicit files only
     tiny = tmp_path / "tiny"
     tiny.mkdir()
     (tiny / "kiln_tiny_release.json").write_text("{}")
-    assert load_config({"KILN_HOME": str(home), "KILN_MODEL_PATH": str(tiny)}).allow_anonymous_api is True
-    own = load_config({"KILN_HOME": str(home), "KILN_MODEL_PATH": str(tmp_path / "my-model")})
-    assert own.allow_anonymous_api is False and own.config_file is None  # a model of your own: not the demo's
+    assert demo_settings_file({"KILN_HOME": str(home), "KILN_MODEL_PATH": str(tiny)}) == demo
+    assert demo_settings_file({"KILN_HOME": str(home), "KILN_MODEL_PATH": str(tmp_path / "my-model")}) is None
+    assert demo_settings_file({"KILN_HOME": str(home), "KILN_CONFIG": "/etc/kiln.toml"}) is None
+    demo.chmod(0o620)  # others may write it: refused
+    assert demo_settings_file({"KILN_HOME": str(home)}) is None
+    demo.chmod(0o600)
+    (home / "elsewhere.toml").write_text("")
+    demo.unlink()
+    os.symlink(home / "elsewhere.toml", demo)  # a link is not the file serve wrote
+    assert demo_settings_file({"KILN_HOME": str(home)}) is None
+    demo.unlink()
+    demo.write_text("")
     (work / "kiln.toml").write_text("[server]\nport = 9000\n")  # settings of yours win outright
-    yours = load_config({"KILN_HOME": str(home)})
-    assert yours.config_file == work / "kiln.toml" and yours.allow_anonymous_api is False
+    assert demo_settings_file({"KILN_HOME": str(home)}) is None
+
+
+def test_anonymous_access_is_refused_beside_production(tmp_path, monkeypatch):
+    """Behind the reverse proxy production expects, every request comes from 127.0.0.1: anonymous loopback
+    access would open the API to everyone the proxy serves."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="allow_anonymous_api cannot be on with production"):
+        load_config({"KILN_HOME": str(tmp_path), "KILN_ALLOW_ANONYMOUS_API": "true", "KILN_PRODUCTION": "true",
+                     "KILN_SECRET_KEY": "x" * 50})
 
 
 @pytest.mark.parametrize(

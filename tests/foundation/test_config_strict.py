@@ -187,10 +187,9 @@ def test_a_dataset_root_that_does_not_exist_is_refused_by_name(tmp_path, monkeyp
     assert message == f"[training] dataset_roots names {tmp_path / 'missing'}, which is not an existing folder"
     (tmp_path / "no-toml").mkdir()
     monkeypatch.chdir(tmp_path / "no-toml")
-    home = str(tmp_path / "home")  # not tmp_path, whose kiln.toml a home's would be read as (the demo's file)
     with pytest.raises(ConfigError, match="KILN_DATASET_ROOTS names /nonexistent/kiln-roots, which is not"):
-        load_config({"KILN_HOME": home, "KILN_DATASET_ROOTS": f"{tmp_path}:/nonexistent/kiln-roots"})
-    config = load_config({"KILN_HOME": home, "KILN_DATASET_ROOTS": f"{tmp_path}"})
+        load_config({"KILN_HOME": str(tmp_path), "KILN_DATASET_ROOTS": f"{tmp_path}:/nonexistent/kiln-roots"})
+    config = load_config({"KILN_HOME": str(tmp_path), "KILN_DATASET_ROOTS": f"{tmp_path}"})
     assert config.extra_dataset_roots == (tmp_path / "no-toml", tmp_path)
 
 
