@@ -150,7 +150,8 @@ def reward_statistics(groups_rewards: list[list[float]], config) -> dict[str, An
     }
 
 
-REWARD_FILTER_SIDECAR = "reward_filter_groups.json"  # reference-spec §2.9 data.reward_filter_sidecar
+# reference-spec §2.9 data.reward_filter_sidecar: named in a receipt only beside which it was written
+REWARD_FILTER_SIDECAR = "reward_filter_groups.json"
 
 
 def data_block(filter_result, groups_rewards: list[list[float]], ledger: RunLedger) -> dict[str, Any]:
@@ -169,8 +170,6 @@ def data_block(filter_result, groups_rewards: list[list[float]], ledger: RunLedg
     }
     if filter_result is not None:
         block["reward_filter_action"] = filter_result.empty_filter_action
-        if filter_result.reward_filter_enabled:  # the sidecar beside the receipt says each group's fate
-            block["reward_filter_sidecar"] = REWARD_FILTER_SIDECAR
     return block
 
 

@@ -206,7 +206,8 @@ class RunOutputs:
         staged = adapter_io.StagedAdapter.save(self.peft, self.request.output_dir)
         receipt = self._receipt("success", None, staged.identity, smoke=smoke, norms=norms)
         files = {"train_receipt.json": receipt}
-        if self.filter_result.reward_filter_enabled:
+        if self.filter_result.reward_filter_enabled:  # each group's fate, beside the receipt that names it
+            receipt["data"]["reward_filter_sidecar"] = REWARD_FILTER_SIDECAR
             files[REWARD_FILTER_SIDECAR] = {
                 "schema": "kiln.reward-filter-groups.v1",
                 "groups": [vars(d) for d in self.filter_result.decisions],

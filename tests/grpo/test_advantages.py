@@ -123,12 +123,3 @@ def test_filter_kwargs_from_config():
     result = filter_groups(GROUPS, **filter_kwargs(config))
     assert result.kept_indices == (0, 4) and result.dynamic_groups_filtered == 0
 
-
-def test_the_receipts_data_block_names_the_sidecar_only_when_the_reward_filter_ran():
-    """reference-spec §2.9 data.reward_filter_sidecar (spec audit: the file was written, the key never)."""
-    from gpu_runtime.grpo.receipt import REWARD_FILTER_SIDECAR, RunLedger, data_block
-
-    filtered = data_block(filter_groups(GROUPS, var_min=0.2, on_empty="skip"), GROUPS, RunLedger())
-    assert filtered["reward_filter_sidecar"] == REWARD_FILTER_SIDECAR == "reward_filter_groups.json"
-    plain = data_block(filter_groups(GROUPS), GROUPS, RunLedger())
-    assert "reward_filter_sidecar" not in plain and "reward_filter_sidecar" not in data_block(None, GROUPS, RunLedger())

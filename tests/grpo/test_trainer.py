@@ -386,3 +386,21 @@ def test_a_step_in_micro_batches_trains_as_the_whole_step(tiny_model_dir, tmp_pa
     assert trained[0].keys() == trained[1].keys()
     for name, value in trained[0].items():
         assert torch.allclose(value, trained[1][name], atol=1e-5), name
+
+
+def test_the_reward_filter_sidecar_is_named_only_where_it_was_written(tiny_model_dir, tmp_path, one_thread):
+    """reference-spec §2.9 data.reward_filter_sidecar. The review caught a first version that named the sidecar
+    in failure receipts too, beside which it is never written (the zero_groups failure it would explain)."""
+    groups = fixed_groups(2)
+    result = run(train_request(tiny_model_dir, groups, tmp_path, "filtered", reward_filter_var_min=0.01))
+    assert result.receipt["data"]["reward_filter_sidecar"] == "reward_filter_groups.json"
+    sidecar = json.loads((tmp_path / "filtered" / "reward_filter_groups.json").read_text())
+    assert sidecar["schema"] == "kiln.reward-filter-groups.v1" and len(sidecar["groups"]) == 2
+    with pytest.raises(TrainingError) as caught:
+        run(train_request(tiny_model_dir, groups, tmp_path, "emptied", reward_filter_var_min=100.0))
+    assert caught.value.code == "zero_groups"
+    failed = json.loads(open(caught.value.receipt_path).read())
+    assert failed["status"] == "failed" and "reward_filter_sidecar" not in failed["data"]
+    plain = run(train_request(tiny_model_dir, groups, tmp_path, "plain"))
+    assert "reward_filter_sidecar" not in plain.receipt["data"]
+    assert not (tmp_path / "plain" / "reward_filter_groups.json").exists()
