@@ -1,12 +1,13 @@
 from django.apps import AppConfig
 
-# Where a training run's failure hint differs from any job's: it resumes from its newest checkpoint.
+# Where a training run's failure hint differs from any job's: it resumes from its newest checkpoint. The
+# command resends only a request the server read from a file (inline groups it keeps as a private snapshot).
+RESUME_COMMAND = "; for a dataset_path or named-dataset job, kiln train resume --job-id ID does that"
 GRPO_ERROR_HINTS = (
     ("job_cancelled", "it was cancelled on request; resubmit it (a training run resumes from its latest_checkpoint "
-                      "with resume_checkpoint: kiln train resume --job-id ID does that)"),
+                      f"with resume_checkpoint{RESUME_COMMAND})"),
     ("job_interrupted", "its worker stopped while it ran (kill, restart, out of memory); submit it again (a training "
-                        "run resumes from its latest_checkpoint with resume_checkpoint: kiln train resume --job-id ID "
-                        "does that)"),
+                        f"run resumes from its latest_checkpoint with resume_checkpoint{RESUME_COMMAND})"),
 )
 
 

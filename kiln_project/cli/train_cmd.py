@@ -307,15 +307,18 @@ def resume_request(detail: dict, checkpoint: str | None) -> tuple[str, dict]:
     """(route, body) that resumes a job: its own request (replay_request: the same source, effective
     config with its seed, and post_eval) with config.resume_checkpoint. A resume must be the same run
     (the server refuses another config or other data), so nothing here is rebuilt from flags."""
-    replay = detail.get("replay_request")
-    if detail.get("state") == "completed":  # QA: answered adapter_revision_conflict for the name it published
+    replay, state = detail.get("replay_request"), detail.get("state")
+    if state == "completed":  # its adapter is published under the name a resume would write again
         raise CliError("training_job_completed", f"training job {detail.get('job_id')} completed and published "
                        f"{detail.get('adapter_name')}; there is nothing to resume",
                        f"to train further, submit a new run with base_adapter {detail.get('adapter_name')} and a new "
                        "output name")
+    if state not in ("failed", "cancelled"):  # a resume of a job still queued or running would race it
+        raise CliError("training_job_not_stopped", f"training job {detail.get('job_id')} is {state}",
+                       f"wait for it to end, or cancel it first: kiln train cancel --job-id {detail.get('job_id')}")
     name = checkpoint or (detail.get("latest_checkpoint") or {}).get("resume_checkpoint")
     if not name:
-        interval = ((replay or {}).get("body") or {}).get("config", {}).get("checkpoint_interval")
+        interval = (detail.get("effective_config") or {}).get("checkpoint_interval")
         raise CliError("checkpoint_not_found", f"training job {detail.get('job_id')} has no checkpoint to resume from",
                        f"it stopped before its first checkpoint (every {interval} optimizer groups); it can only run "
                        "again" if interval else

@@ -174,7 +174,7 @@ class ResumeClient:
         self.posted = []
 
     def get(self, path):
-        return {"job_id": "j1", "adapter_name": "a-r001",
+        return {"job_id": "j1", "adapter_name": "a-r001", "state": "failed",
                 "latest_checkpoint": {"resume_checkpoint": "a-r001-checkpoint-step-00000005.kiln-checkpoint"},
                 "replay_request": {"route": "/v1/train/grpo", "body": {"dataset_path": "/d.jsonl",
                                                                        "config": {"output_name": "a-r001"}}}}
@@ -208,17 +208,23 @@ def test_resume_of_a_completed_job_or_one_without_a_checkpoint_says_why():
 
     replay = {"route": "/v1/train/grpo", "body": {"config": {"checkpoint_interval": 25}}}
     done = {"job_id": "j1", "state": "completed", "adapter_name": "math-r001", "replay_request": replay,
+            "effective_config": {"checkpoint_interval": 25},
             "latest_checkpoint": {"resume_checkpoint": "math-r001-checkpoint-step-00000025.kiln-checkpoint"}}
     with pytest.raises(CliError) as completed:
         resume_request(done, None)
     assert completed.value.code == "training_job_completed"
     assert "base_adapter math-r001 and a new output name" in completed.value.hint
-    early = {"job_id": "j2", "state": "failed", "adapter_name": "math-r002", "replay_request": replay}
+    # an inline-groups job has no replay request: the interval is read from its effective config
+    early = {"job_id": "j2", "state": "failed", "adapter_name": "math-r002", "replay_request": None,
+             "effective_config": {"checkpoint_interval": 25}}
     with pytest.raises(CliError) as stopped:
         resume_request(early, None)
     assert stopped.value.code == "checkpoint_not_found"
     assert stopped.value.hint == "it stopped before its first checkpoint (every 25 optimizer groups); it can only run again"
-    never = {**early, "replay_request": {"route": "/v1/train/grpo", "body": {"config": {}}}}
+    with pytest.raises(CliError) as running:
+        resume_request({**early, "state": "running"}, None)
+    assert running.value.code == "training_job_not_stopped" and "kiln train cancel --job-id j2" in running.value.hint
+    never = {**early, "effective_config": {"checkpoint_interval": None}}
     with pytest.raises(CliError) as unset:
         resume_request(never, None)
     assert unset.value.hint.startswith("set config.checkpoint_interval")

@@ -285,11 +285,12 @@ def test_kiln_train_resume_of_inline_groups_or_without_a_checkpoint_says_what_to
 
     checkpoint = {"resume_checkpoint": "x-checkpoint-step-00000001.kiln-checkpoint"}
     with pytest.raises(CliError) as inline:
-        resume_request({"job_id": "j", "replay_request": None, "latest_checkpoint": checkpoint}, None)
+        resume_request({"job_id": "j", "state": "failed", "replay_request": None, "latest_checkpoint": checkpoint},
+                       None)
     assert inline.value.code == "resume_needs_the_request" and checkpoint["resume_checkpoint"] in inline.value.hint
     with pytest.raises(CliError) as none:
-        resume_request({"job_id": "j", "replay_request": {"route": "/v1/train/grpo", "body": {"config": {}}},
-                        "latest_checkpoint": None}, None)
+        resume_request({"job_id": "j", "state": "failed", "latest_checkpoint": None,
+                        "replay_request": {"route": "/v1/train/grpo", "body": {"config": {}}}}, None)
     assert none.value.code == "checkpoint_not_found"
 
 
