@@ -37,8 +37,8 @@ def manifest_entry(run: OpenEnvRun, kind: str) -> dict:
                         hint="kinds: " + ", ".join(ARTIFACT_KINDS))
     entry = next((a for a in run.artifacts or [] if a.get("kind") == kind), None)
     if entry is None:
-        if run.state in (RunState.FAILED, RunState.CANCELLED):  # QA: "wait until it publishes" never ends
-            raise KilnError("openenv_artifact_not_ready", f"run {run.id} ended {run.state} without publishing its "
+        if run.state in (RunState.FAILED, RunState.CANCELLED):  # an ended run never publishes: not "not ready"
+            raise KilnError("openenv_artifact_not_found", f"run {run.id} ended {run.state} without publishing its "
                             f"{kind}; it never will", status=404,
                             hint=f"see why with kiln openenv status {run.id}; submit a new run to collect again")
         if run.state != RunState.ROLLOUT_READY and run.state != RunState.COMPLETED:

@@ -198,8 +198,8 @@ def test_cancel_while_collecting_stops_at_the_boundary_and_publishes_nothing(api
     folder = home / "adapters" / ".openenv" / "runs" / run_id
     assert sorted(p.name for p in folder.iterdir()) == ["run.json"]
     assert json.loads((folder / "run.json").read_text())["state"] == "cancelled"
-    ended = error_of(api.get(f"/v1/openenv/runs/{run_id}/artifacts/dataset"), 404, "openenv_artifact_not_ready")
-    # QA: a run that ended never publishes, so "wait until the run publishes it" was wrong
+    ended = error_of(api.get(f"/v1/openenv/runs/{run_id}/artifacts/dataset"), 404, "openenv_artifact_not_found")
+    # a run that ended never publishes: not "not ready", and no "wait until the run publishes it"
     assert "ended cancelled without publishing its dataset" in ended["message"] and "wait" not in ended["hint"]
 
 
@@ -264,4 +264,4 @@ def test_a_cancel_answered_while_the_files_are_published_still_wins(api, home, c
     final = status(api, run_id)
     assert final["state"] == "cancelled" and final["artifacts"] == [], final
     assert Job.objects.get(uuid=final["job_id"]).state == "cancelled"
-    error_of(api.get(f"/v1/openenv/runs/{run_id}/artifacts/dataset"), 404, "openenv_artifact_not_ready")
+    error_of(api.get(f"/v1/openenv/runs/{run_id}/artifacts/dataset"), 404, "openenv_artifact_not_found")

@@ -89,7 +89,7 @@ def test_train_refuses_unusable_copies_before_it_submits(cli, home, counter, tmp
 
 def _request(*flags: str) -> dict:
     from kiln_project.cli.main import build_parser
-    from kiln_project.cli.openenv_runs_cmd import train_request
+    from kiln_project.cli.openenv_train_request import train_request
 
     args = build_parser().parse_args(["openenv", "train", "--environment", "http://127.0.0.1:8990",
                                       "--output-adapter", "counter-agent", *flags])
@@ -138,7 +138,7 @@ def test_follow_shows_the_evaluations_side_then_its_decision_with_p_and_counts()
 
 def test_credential_env_names_the_servers_entry_for_that_variable_and_origin():
     from kiln_project.cli.client import CliError
-    from kiln_project.cli.openenv_runs_cmd import handles_for_variables
+    from kiln_project.cli.openenv_train_request import handles_for_variables
 
     table = {"team": {"origin": "http://127.0.0.1:8990", "bearer_token_env": "PTOK"},
              "other": {"origin": "http://127.0.0.1:8991", "bearer_token_env": "PTOK"}}
@@ -152,7 +152,7 @@ def test_credential_env_names_the_servers_entry_for_that_variable_and_origin():
         handles_for_variables(urls, ["PTOK"], table)
     assert misaligned.value.code == "openenv_credential_invalid"
     from kiln_project.cli.main import build_parser
-    from kiln_project.cli.openenv_runs_cmd import train_request
+    from kiln_project.cli.openenv_train_request import train_request
 
     args = build_parser().parse_args(["openenv", "train", "--environment", urls[0], "--credential-env", "PTOK",
                                       "--output-adapter", "counter-agent"])
