@@ -5,7 +5,10 @@ evidence) and removed with a job that published nothing. Jobs on one corpus shar
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import stat
+import time
 import uuid
 from pathlib import Path
 
@@ -26,19 +29,48 @@ def _shared_snapshot(sha256: str) -> Path:
 def pin_snapshot(corpus: AdmittedCorpus) -> Path:
     """Pin the admitted corpus as a private read-only file: the job trains on exactly these bytes.
 
-    Jobs on the same corpus share its bytes (QA: ten runs on one 19 MB file kept ten copies): each job's
-    file is a hard link to one copy named by the corpus digest. The shared copy is used only when it still
-    holds exactly these bytes; otherwise a fresh one replaces the name (earlier jobs keep their own inode)."""
+    Jobs on the same corpus share its bytes: each job's file is a hard link to one copy named by the corpus
+    digest. That copy is linked only while it is still Kiln's own regular file holding exactly these bytes;
+    otherwise a fresh one replaces the name (earlier jobs keep their own inode)."""
+    _sweep_orphans()
     shared = _shared_snapshot(corpus.sha256)
     pinned = snapshots_dir() / f"{uuid.uuid4().hex}.jsonl"
     try:
-        if not (shared.is_file() and shared.read_bytes() == corpus.jsonl):
+        if not _holds(shared, corpus):
             write_file(shared, corpus.jsonl, mode=0o444)
-        os.link(shared, pinned)
+        os.link(shared, pinned, follow_symlinks=False)
         return pinned
     except OSError:  # a filesystem without hard links, or a race on the shared name: a copy of its own
         _drop_if_unlinked(shared)
         return write_file(pinned, corpus.jsonl, mode=0o444, exclusive=True)
+
+
+def _holds(shared: Path, corpus: AdmittedCorpus) -> bool:
+    """Whether the shared copy is a regular file of ours, read-only, with exactly the corpus's bytes (hashed
+    in chunks: a corpus may be hundreds of MiB, already held in memory once)."""
+    try:
+        info = shared.lstat()
+    except OSError:
+        return False
+    if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o222
+            or info.st_size != len(corpus.jsonl)):
+        return False
+    digest = hashlib.sha256()
+    with open(shared, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}" == corpus.sha256
+
+
+def _sweep_orphans(min_age_s: float = 600.0) -> None:
+    """Shared copies no job links to (a process killed between writing one and linking it, or before its
+    job committed), once old enough that no submission is between those two steps."""
+    now = time.time()
+    for shared in snapshots_dir().glob("sha256-*.jsonl"):
+        with contextlib.suppress(OSError):
+            info = shared.lstat()
+            if info.st_nlink == 1 and now - info.st_mtime > min_age_s:
+                shared.unlink()
 
 
 def unpin_snapshot(path: Path, sha256: str | None) -> None:
