@@ -40,24 +40,10 @@ def _submit(request, data: dict, route: str) -> dict:
     payload = GrpoJobPayload.of(job)
     ignored = list(payload.ignored_config_keys)  # accepted and ignored (spec §3), but never silently
     return {"job_id": str(job.uuid), "state": "queued", "effective_seed": str(seed),
-            "message": f"GRPO training queued; it will publish adapter {payload.adapter_name}; "
-                       f"{_after_publication(payload)}",
+            "message": f"GRPO training queued; it will publish adapter {payload.adapter_name}",
+            "after_publication": selectors.after_publication(payload),
             "ignored_config_keys": ignored,
             "warnings": selectors.submission_warnings(job)}
-
-
-def _after_publication(payload: GrpoJobPayload) -> str:
-    """What becomes of the adapter once published (QA: the guide's checkpoint example replaced a reviewed,
-    promoted adapter with nothing on screen saying it would)."""
-    from core.accounts.permissions import approval_required
-
-    if not payload.config.auto_load:
-        return "it stays available for review, not active (auto_load false)"
-    if payload.gate_pending:
-        return "the post_eval gate decides whether it becomes active"
-    if approval_required():
-        return "making it active waits for a reviewer's approval ([promotion] require_approval)"
-    return "it becomes active once its serving canary passes (auto_load true, no gate; auto_load false keeps it for review)"
 
 
 @router.post("/train/grpo", summary="Queue GRPO training from scored groups", response=GrpoQueued | GrpoDryRun)

@@ -123,6 +123,7 @@ class GrpoQueued(Schema):
     state: str
     effective_seed: str
     message: str
+    after_publication: str = ""  # what becomes of the adapter once published (active, gated, reviewed, kept)
     ignored_config_keys: list[str] = []  # config keys that are no GrpoConfig field (accepted and ignored)
     warnings: list[str] = []  # one per ignored key (with its closest field name); a gate too small to decide
 

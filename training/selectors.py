@@ -304,3 +304,21 @@ def submission_warnings(job: Job) -> list[str]:
     return ignored_key_warnings(list(payload.ignored_config_keys)) + gate_warnings(payload.post_eval) \
         + reward_contrast_warnings(with_contrast=data.get("groups_with_reward_contrast"), rows=data.get("rows") or 0,
                                    dynamic_sampling=payload.config.dynamic_sampling)
+
+
+def after_publication(payload: GrpoJobPayload) -> str:
+    """What becomes of a training's adapter once it publishes, said at submission: the branches of
+    training.runner's auto_load and training.post_eval_jobs' gate, in words (a user following the guide's
+    checkpoint example saw a reviewed adapter replaced with nothing on screen saying it would be)."""
+    from core.accounts.permissions import approval_required
+
+    if not payload.config.auto_load:
+        return "it stays available for review, not active (auto_load false)"
+    reviewer = approval_required()
+    if payload.gate_pending:
+        return ("if the post_eval gate promotes it, " + ("a reviewer's approval then makes it active"
+                                                          if reviewer else "it becomes active"))
+    if reviewer:
+        return "making it active waits for a reviewer's approval ([promotion] require_approval)"
+    return ("it becomes active once its serving canary passes, unless a reward-hacking alarm sends it to a "
+            "reviewer (auto_load true, no gate; auto_load false keeps it for review)")

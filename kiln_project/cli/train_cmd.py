@@ -334,11 +334,10 @@ def resume_request(detail: dict, checkpoint: str | None) -> tuple[str, dict]:
 
 
 def _say_what_publication_does(response: dict) -> None:
-    """The server's message says what becomes of the adapter once published (active at once, gated,
-    waiting for a reviewer, or kept for review): on stderr, so stdout stays the one `queued` line."""
-    message = str(response.get("message") or "")
-    if "; it will publish adapter " in message:
-        print(f"kiln: note: {message.split('; ', 1)[1]}", file=sys.stderr, flush=True)
+    """What becomes of the adapter once published (active at once, gated, waiting for a reviewer, or kept
+    for review), as the server says it: on stderr, so stdout stays the one `queued` line."""
+    if response.get("after_publication"):
+        print(f"kiln: note: once published, {response['after_publication']}", file=sys.stderr, flush=True)
 
 
 def run(args) -> int:

@@ -297,30 +297,39 @@ def test_kiln_train_resume_of_inline_groups_or_without_a_checkpoint_says_what_to
 # ---- what becomes of the published adapter is said at submission ------------------------------------
 
 
-def test_the_queued_message_says_whether_the_adapter_becomes_active(api, settings, monkeypatch, capsys, tmp_path):
+def test_the_queued_answer_says_whether_the_adapter_becomes_active(api, settings, monkeypatch, capsys, tmp_path):
     """QA: the guide's checkpoint example (`kiln train grpo --file F --adapter NAME`) replaced a reviewed,
     promoted adapter with nothing on screen saying it would (auto_load defaults to true)."""
     import types
     from dataclasses import replace
 
-    from training.api import _after_publication
+    from training.selectors import after_publication
 
-    at_once = _post(api, {"groups": [GROUP], "config": {"output_name": "say-r001"}}).json()["message"]
-    assert at_once == ("GRPO training queued; it will publish adapter say-r001; it becomes active once its serving "
-                       "canary passes (auto_load true, no gate; auto_load false keeps it for review)")
-    kept = _post(api, {"groups": [GROUP], "config": {"output_name": "say-r002", "auto_load": False}}).json()
-    assert kept["message"].endswith("; it stays available for review, not active (auto_load false)")
+    def said(config):
+        answer = _post(api, {"groups": [GROUP], "config": config}).json()
+        assert answer["message"] == f"GRPO training queued; it will publish adapter {config['output_name']}"
+        return answer["after_publication"]
+
+    at_once = said({"output_name": "say-r001"})
+    assert at_once == ("it becomes active once its serving canary passes, unless a reward-hacking alarm sends it "
+                       "to a reviewer (auto_load true, no gate; auto_load false keeps it for review)")
+    assert said({"output_name": "say-r002", "auto_load": False}) == (
+        "it stays available for review, not active (auto_load false)")
     settings.KILN = replace(settings.KILN, promotion_require_approval=True)
-    reviewed = _post(api, {"groups": [GROUP], "config": {"output_name": "say-r003"}}).json()["message"]
-    assert reviewed.endswith("; making it active waits for a reviewer's approval ([promotion] require_approval)")
+    assert said({"output_name": "say-r003"}) == (
+        "making it active waits for a reviewer's approval ([promotion] require_approval)")
     gated = types.SimpleNamespace(config=types.SimpleNamespace(auto_load=True), gate_pending=True)
-    assert _after_publication(gated) == "the post_eval gate decides whether it becomes active"
+    assert after_publication(gated) == "if the post_eval gate promotes it, a reviewer's approval then makes it active"
+    settings.KILN = replace(settings.KILN, promotion_require_approval=False)
+    assert after_publication(gated) == "if the post_eval gate promotes it, it becomes active"
+    assert "after_publication" in api.get("/v1/openapi.json").json()["components"]["schemas"]["GrpoQueued"]["properties"]
 
     # the CLI's stdout stays the one `queued` line; the note goes to stderr
     serve_commands(monkeypatch, [train_cmd], lambda request: httpx.Response(
-        200, json={"job_id": "j-1", "state": "queued", "effective_seed": "7", "message": at_once, "warnings": []}))
+        200, json={"job_id": "j-1", "state": "queued", "effective_seed": "7", "message": "queued",
+                   "after_publication": at_once, "warnings": []}))
     groups = tmp_path / "groups.jsonl"
     groups.write_text(json.dumps(GROUP) + "\n")
     code, out, err = run_cli(capsys, "train", "grpo", "--file", str(groups), "--adapter", "say-r001")
     assert code == 0 and out == "queued j-1 (effective seed 7)\n"
-    assert "kiln: note: it will publish adapter say-r001; it becomes active once its serving canary passes" in err
+    assert f"kiln: note: once published, {at_once}" in err
