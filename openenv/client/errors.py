@@ -207,11 +207,14 @@ class OpenEnvMalformedJson(OpenEnvSessionPoisoned):
 
 class OpenEnvInvalidMessage(OpenEnvSessionPoisoned):
     code = "openenv_invalid_message"
-    # QA: the session's generic hint said only that the episode cannot continue, not what to fix
-    default_hint = ("the environment sent a frame that breaks the OpenEnv wire format (an observation's data is "
-                    "an object with observation, reward (a number, a boolean or null) and done (a boolean)); fix "
-                    "how the environment serialises its replies (kiln openenv inspect URL checks its discovery "
-                    "routes); the episode cannot continue on this socket, and actions are never resent")
+    default_hint = ("the environment sent a frame that breaks the OpenEnv wire format (the message says which); "
+                    "fix how the environment serialises its replies; the episode cannot continue on this socket, "
+                    "and actions are never resent")
+    # an observation frame's own shape, the likeliest mistake in an environment's step or reset
+    observation_hint = ("the environment sent an observation that breaks the OpenEnv wire format (its data is an "
+                        "object with observation, reward (a number, a boolean or null) and done (a boolean)); fix "
+                        "how the environment serialises its step and reset replies; the episode cannot continue "
+                        "on this socket, and actions are never resent")
 
 
 class OpenEnvUnknownFrameType(OpenEnvSessionPoisoned):

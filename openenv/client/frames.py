@@ -76,20 +76,24 @@ def _int_or_none(value, key):
 
 def parse_observation(data: Any) -> Observation:
     if not isinstance(data, dict):
-        raise OpenEnvInvalidMessage("observation data is not a JSON object")
+        raise _broken_observation("observation data is not a JSON object")
     unknown = set(data) - OBSERVATION_KEYS
     if unknown:
-        raise OpenEnvInvalidMessage(f"observation data has unknown fields {sorted(unknown)[:5]}")
+        raise _broken_observation(f"observation data has unknown fields {sorted(unknown)[:5]}")
     missing = [key for key in ("observation", "reward", "done") if key not in data]
     if missing:
-        raise OpenEnvInvalidMessage(f"observation data needs observation, reward and done; it lacks {', '.join(missing)}")
+        raise _broken_observation(f"observation data needs observation, reward and done; it lacks {', '.join(missing)}")
     reward = data["reward"]
     if not (reward is None or isinstance(reward, (bool, int))
             or (isinstance(reward, float) and math.isfinite(reward))):
-        raise OpenEnvInvalidMessage("the reward must be null, a boolean or a finite number")
+        raise _broken_observation("the reward must be null, a boolean or a finite number")
     if not isinstance(data["done"], bool):
-        raise OpenEnvInvalidMessage("done must be a boolean")
+        raise _broken_observation("done must be a boolean")
     return Observation(data["observation"], reward, data["done"], data.get("metadata"), "metadata" in data)
+
+
+def _broken_observation(message: str) -> OpenEnvInvalidMessage:
+    return OpenEnvInvalidMessage(message, hint=OpenEnvInvalidMessage.observation_hint)
 
 
 def parse_error(data: Any) -> ErrorFrame:

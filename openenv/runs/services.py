@@ -215,10 +215,12 @@ def _server_checks(request_value: dict) -> None:
     from core.profiles import require_profile_allows
     from openenv.api import _credentials, _endpoints
 
-    # Every run samples its policy's actions: under a profile that refuses inference it could only fail
-    # at its first action, after discovery and a reset (spec audit; the guide: admission precedes
-    # discovery, so a rejection spends no episodes).
-    require_profile_allows("inference")
+    # Every run samples its policy's actions: under a profile that refuses inference a new run could only
+    # fail at its first action, after discovery and a reset (the guide: admission precedes discovery, so a
+    # rejection spends no episodes). An exact retry still answers the run its key already names.
+    key = request_value.get("idempotency_key")
+    if key is None or not OpenEnvRun.objects.filter(idempotency_key=key).exists():
+        require_profile_allows("inference")
     endpoints = _endpoints(request_value["environment_urls"])
     # Handles and origins only: the token is read by the worker when it connects.
     _credentials(request_value["credential_ids"] or [None] * len(endpoints), endpoints, read_tokens=False)

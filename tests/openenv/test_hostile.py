@@ -251,4 +251,9 @@ def test_a_broken_observation_names_what_it_lacks_and_says_what_to_fix():
     with pytest.raises(errors.OpenEnvInvalidMessage) as info:
         parse_observation({"observation": "oops", "reward": "lots"})
     assert info.value.message.endswith("it lacks done")
-    assert "breaks the OpenEnv wire format" in info.value.hint and "fix how the environment serialises" in info.value.hint
+    assert info.value.hint.startswith("the environment sent an observation that breaks the OpenEnv wire format")
+    from openenv.client.frames import parse_error
+
+    with pytest.raises(errors.OpenEnvInvalidMessage) as other:  # any other frame: the generic wire-format hint
+        parse_error([1])
+    assert "an observation" not in other.value.hint and "breaks the OpenEnv wire format" in other.value.hint

@@ -164,7 +164,13 @@ def test_the_maintenance_profile_refuses_a_run_before_it_is_recorded(api, home, 
     collection_failed; chat and evaluation were refused at once. Training runs too: they collect first."""
     from dataclasses import replace
 
+    accepted = post_run(api, rollout_body(URL, idempotency_key="before:maintenance"))
+    assert accepted.status_code == 202
     settings.KILN = replace(settings.KILN, serving_profile="maintenance")
+    retried = post_run(api, rollout_body(URL, idempotency_key="before:maintenance"))  # still its own run
+    assert retried.status_code == 200 and retried.json()["run_id"] == accepted.json()["run_id"]
+    OpenEnvRun.objects.all().delete()
+    Job.objects.all().delete()
     for body in (rollout_body(URL), rollout_body(URL, kind="train", output_adapter="counter-agent")):
         error = error_of(post_run(api, body), 503, "inference_disabled_by_profile")
         assert error["message"] == "the maintenance serving profile refuses inference"
