@@ -22,9 +22,16 @@ def add_parser(subparsers, common) -> None:
     promotions.set_defaults(handler=run)
 
 
+def _requester(p: dict) -> str:
+    """Who asked: a user, Kiln for the job that made the request (a gate, auto_load), or an anonymous caller."""
+    if p.get("requested_by"):
+        return p["requested_by"]
+    return f"kiln (job {str(p['job_id'])[:8]})" if p.get("job_id") else "(anonymous)"
+
+
 def _print_list(rows: list[dict]) -> None:
     table = [{**p, "incumbent": p.get("incumbent") or "base", "flagged": "!" if p.get("flagged") else "",
-              "requested_by": p.get("requested_by") or "", "decided_by": p.get("decided_by") or "",
+              "requested_by": _requester(p), "decided_by": p.get("decided_by") or "",
               "requested": str(p.get("requested_at") or "")[:19]} for p in rows]
     print_table(table, ["id", "state", "candidate", "incumbent", "flagged", "requested_by", "decided_by", "requested"])
 
@@ -32,7 +39,7 @@ def _print_list(rows: list[dict]) -> None:
 def _print_detail(p: dict) -> None:
     for key in ("id", "state", "candidate", "content_sha256", "incumbent", "evidence_sha256", "requested_by",
                 "requested_at", "request_reason", "decided_by", "decided_at", "reason", "job_id"):
-        value = p.get(key)
+        value = _requester(p) if key == "requested_by" else p.get(key)
         print(f"{key:16} {'' if value is None else value}")
     for alarm in p.get("alarms") or []:
         print(f"ALARM: {alarm}")

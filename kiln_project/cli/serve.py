@@ -264,6 +264,10 @@ def run(args) -> int:
                                  "kiln_project.asgi:application"])
         print(f"kiln: serving on http://{config.host}:{config.port}/ui/ (profile {config.serving_profile})",
               flush=True)
+        if not config.allow_anonymous_api and config.layout.cli_token.is_file():
+            # the guides' curl steps send no credentials: say how they send the token (the kiln CLI finds it)
+            print(f"kiln: the API asks for a token: export KILN_API_TOKEN=$(cat {config.layout.cli_token}) and add "
+                  "-H \"Authorization: Bearer $KILN_API_TOKEN\" to curl", flush=True)
         return supervisor.watch()
     except BaseException:
         supervisor.stop_all()

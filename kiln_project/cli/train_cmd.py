@@ -311,8 +311,8 @@ def resume_request(detail: dict, checkpoint: str | None) -> tuple[str, dict]:
     if state == "completed":  # its adapter is published under the name a resume would write again
         raise CliError("training_job_completed", f"training job {detail.get('job_id')} completed and published "
                        f"{detail.get('adapter_name')}; there is nothing to resume",
-                       f"to train further, submit a new run with base_adapter {detail.get('adapter_name')} and a new "
-                       "output name")
+                       f"to train further, submit a new run with config.base_adapter {detail.get('adapter_name')} and "
+                       "a new output name (a JSON request file for kiln train grpo --file, or the HTTP route)")
     if state not in ("failed", "cancelled"):  # a resume of a job still queued or running would race it
         raise CliError("training_job_not_stopped", f"training job {detail.get('job_id')} is {state}",
                        f"wait for it to end, or cancel it first: kiln train cancel --job-id {detail.get('job_id')}")

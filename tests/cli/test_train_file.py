@@ -213,7 +213,7 @@ def test_resume_of_a_completed_job_or_one_without_a_checkpoint_says_why():
     with pytest.raises(CliError) as completed:
         resume_request(done, None)
     assert completed.value.code == "training_job_completed"
-    assert "base_adapter math-r001 and a new output name" in completed.value.hint
+    assert "config.base_adapter math-r001 and a new output name" in completed.value.hint
     # an inline-groups job has no replay request: the interval is read from its effective config
     early = {"job_id": "j2", "state": "failed", "adapter_name": "math-r002", "replay_request": None,
              "effective_config": {"checkpoint_interval": 25}}

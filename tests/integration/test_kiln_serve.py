@@ -25,6 +25,8 @@ def _reachable(url: str) -> bool:
 def test_serve_starts_redis_workers_and_web_then_stops_them_all(tmp_path):
     port = free_port()
     env = serve_env(tmp_path / "home")
+    (tmp_path / "home").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "home" / "cli-token").write_text("kiln_saved_by_scripts_serve\n")  # what ./scripts/serve leaves
     log = open(tmp_path / "serve.log", "wb")
     serve = subprocess.Popen([sys.executable, "-m", "kiln_project.cli.main", "serve", "--port", str(port)],
                              cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -61,6 +63,9 @@ def test_serve_starts_redis_workers_and_web_then_stops_them_all(tmp_path):
         # in this order: no new work, the control worker's runs stop before the GPU worker they sample from
         stopped = [line.split()[-1] for line in text.splitlines() if line.startswith("kiln: stopped ")]
         assert stopped == ["web", "control-worker", "gpu-worker", "redis"]
+        # no anonymous access here: serve says how the guides' curl steps send the saved token
+        assert (f"kiln: the API asks for a token: export KILN_API_TOKEN=$(cat {tmp_path / 'home' / 'cli-token'})"
+                in text)
     finally:
         if serve.poll() is None:
             serve.kill()

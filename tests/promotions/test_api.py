@@ -89,8 +89,13 @@ def test_the_cli_calls_the_routes(monkeypatch, capsys):
             calls.append(("GET", path, params))
             if path == "/v1/promotions":
                 return [{"id": 1, "state": "pending", "candidate": "c", "incumbent": None, "flagged": True,
-                         "requested_by": "a", "decided_by": None, "requested_at": "2026-01-01T00:00:00"}]
+                         "requested_by": "a", "decided_by": None, "requested_at": "2026-01-01T00:00:00"},
+                        {"id": 2, "state": "pending", "candidate": "d", "incumbent": None, "requested_by": None,
+                         "job_id": "12d65255-0000-4000-8000-000000000000", "requested_at": "2026-01-01T00:00:01"},
+                        {"id": 3, "state": "pending", "candidate": "e", "incumbent": None, "requested_by": None,
+                         "job_id": None, "requested_at": "2026-01-01T00:00:02"}]
             return {"id": 1, "state": "pending", "candidate": "c", "alarms": ["reward rose"], "evidence": {},
+                    "requested_by": None, "job_id": None,
                     "receipts": [{"kind": "promotion", "sha256": "sha256:1", "created_at": "x"}]}
 
         def post(self, path, json=None):
@@ -99,9 +104,12 @@ def test_the_cli_calls_the_routes(monkeypatch, capsys):
 
     monkeypatch.setattr(promotions_cmd, "KilnClient", FakeClient)
     assert cli_main.main(["promotions", "list", "--state", "pending"]) == 0
-    assert "pending" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    # who asked: a user, Kiln for a job (a gate, auto_load), or an anonymous caller (QA: a blank column)
+    assert "pending" in listed and "kiln (job 12d65255)" in listed and "(anonymous)" in listed
     assert cli_main.main(["promotions", "show", "1"]) == 0
-    assert "ALARM: reward rose" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "ALARM: reward rose" in shown and "requested_by     (anonymous)" in shown
     assert cli_main.main(["promotions", "approve", "1", "--reason", "ok", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "applied"
     assert cli_main.main(["promotions", "reject", "1", "--reason", "no"]) == 0
