@@ -224,9 +224,31 @@ def run_activation_job(ctx) -> dict:
             raise error
         return result
     with transaction.atomic():
+        serialize(REGISTRY)  # the check below sees every activation committed before this one applies
+        later = _activated_since(ctx.job)
+        if later is not None:  # a job that activated nothing is not `completed`; its result says why
+            error = KilnError("activation_superseded", f"{later.adapter} was made active at "
+                              f"{later.at.isoformat()}, after this activation of {payload.adapter} was requested: "
+                              "the later decision holds", status=409,
+                              hint=f"to serve {payload.adapter} after all, request it again (kiln adapters "
+                                   f"activate {payload.adapter})")
+            error.job_result = {"adapter": payload.adapter, "activated": False, "code": error.code,
+                                "message": error.message, "canary": canary}
+            raise error
         make_active(name=payload.adapter, actor=actor, reason=payload.reason, job=ctx.job, canary=canary,
                     receipt_extra={"origin_job_id": payload.origin_job_id})
     return {"adapter": payload.adapter, "activated": True, "canary": canary}
+
+
+def _activated_since(job):
+    """The newest activation of any adapter recorded after `job` was queued. Canaries run side by side and
+    finish in any order: without this an older auto_load whose canary finished last replaced the adapter a
+    later training (or a person) had made active. The newest request wins, as an approved promotion does
+    (one requested against an incumbent that changed since is stale)."""
+    from adapters.models import AdapterTransition
+
+    return (AdapterTransition.objects.filter(to_state=AdapterStatus.ACTIVE, at__gt=job.created_at)
+            .order_by("-at", "-id").first())
 
 
 def activation_unsuccessful(job) -> None:

@@ -162,6 +162,28 @@ def test_an_incumbent_that_changed_while_the_canary_waited_fails_the_promotion(h
         job.error_message.startswith(f"promotion {promotion.id} was not applied: it was requested against inc")
 
 
+def test_an_auto_load_whose_canary_finishes_after_a_later_activation_does_not_replace_it(home, canary_worker):
+    """QA: two trainings finished about a second apart; their auto_load canaries ran side by side and the
+    older one, finishing last, replaced the newer adapter. The later decision holds."""
+    from adapters.activation import activation_submit, make_active
+
+    published(home, "inc", loaded=True)
+    published(home, "older")
+    published(home, "newer")
+    older = activation_submit(name="older", reason="auto_load after training (no gate)")
+    make_active(name="newer", reason="auto_load after training (no gate)")  # its canary finished first
+    drain_activations()
+    older.refresh_from_db()
+    assert adapter_active().name == "newer"
+    assert older.state == "failed" and older.error_code == "activation_superseded"
+    assert older.error_message.startswith("newer was made active at ") and "the later decision holds" in older.error_message
+    assert older.result["activated"] is False
+    again = activation_submit(name="older", reason="asked again")  # a new request is newer still: it applies
+    drain_activations()
+    again.refresh_from_db()
+    assert again.state == "completed" and adapter_active().name == "older"
+
+
 def test_activate_alone_is_a_promotion_applied_at_once(solo):
     response = send(solo, "/v1/adapters/r2/activate", {"reason": "roll forward"})
     assert response.status_code == 202, response.content
