@@ -247,11 +247,20 @@ def run(args) -> int:
     except RolloutError as exc:
         raise CliError(exc.code, exc.message, exc.hint) from None
     stats = summary["stats"]
-    if args.json:
+    warnings = []
+    if stats["groups_without_contrast"] == stats["groups"]:
+        warnings.append("every group has identical rewards; GRPO has no relative signal here. Improve generation "
+                        "diversity or the reward shape before training.")
+    if not summary["scorer"]["sandboxed"]:
+        warnings.append(summary["scorer"]["warning"])
+    if summary.get("root_warning"):
+        warnings.append(summary["root_warning"])
+    if args.json:  # the warnings in the JSON too: a script reading stdout alone would not see them
         print_json({"output": summary["output"], "summary_output": summary["summary_path"],
                     "stats": {k: stats[k] for k in ("count", "mean_reward", "min_reward", "max_reward",
                                                     "groups", "groups_without_contrast",
-                                                    "groups_without_contrast_ids")}})
+                                                    "groups_without_contrast_ids")},
+                    "warnings": warnings})
     else:
         out = summary["output"]
         print(f"wrote {out['groups']} groups ({out['rollouts']} rollouts) to {out['path']}")
@@ -259,11 +268,6 @@ def run(args) -> int:
         print(f"reward mean {stats['mean_reward']:.4g}  min {stats['min_reward']:.4g}  "
               f"max {stats['max_reward']:.4g}  ({stats['groups_without_contrast']} of {stats['groups']} groups "
               "without reward contrast)")
-    if stats["groups_without_contrast"] == stats["groups"]:
-        print("warning: every group has identical rewards; GRPO has no relative signal here. Improve generation "
-              "diversity or the reward shape before training.", file=sys.stderr)
-    if not summary["scorer"]["sandboxed"]:
-        print(f"warning: {summary['scorer']['warning']}", file=sys.stderr)
-    if summary.get("root_warning"):
-        print(f"warning: {summary['root_warning']}", file=sys.stderr)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0

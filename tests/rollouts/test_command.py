@@ -82,7 +82,10 @@ def test_unsandboxed_scorer_is_warned_about_and_recorded(workdir, capsys):
     assert cli_main.main(argv(workdir, "--unsandboxed-scorer", "--json")) == 0
     out = capsys.readouterr()
     assert "--unsandboxed-scorer" in out.err and "WITHOUT a sandbox" in out.err
-    assert json.loads(out.out)["stats"]["count"] == 12
+    printed = json.loads(out.out)
+    assert printed["stats"]["count"] == 12
+    # the warning is in the JSON too (stdout alone says it), as on stderr
+    assert len(printed["warnings"]) == 1 and printed["warnings"][0] in out.err
     summary = json.loads((workdir / "r.summary.json").read_text())
     assert summary["scorer"]["sandboxed"] is False and summary["scorer"]["unsandboxed_requested"] is True
 
