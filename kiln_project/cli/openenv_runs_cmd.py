@@ -110,6 +110,9 @@ def _train(client: KilnClient, args) -> int:
         if training.get("adapter_name") and _published_adapter(final):
             print(f"adapter   {training['adapter_name']} (training job {training['job_id']}; receipt: kiln openenv "
                   f"artifact {final['run_id']} train_receipt --output train_receipt.json)")
+            if final["state"] != "completed":  # published before the run failed; auto_load may have made it serve
+                print(f"          published before the run ended {final['state']}: kiln adapters list shows "
+                      "whether it serves")
         elif final["state"] == "completed" and final.get("error"):
             print(f"reason    {final['error']}")
         verdict = (final.get("environment_evaluation") or {}).get("verdict")
