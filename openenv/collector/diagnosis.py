@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from openenv.collector.selection import harness_error
+from openenv.collector.selection import harness_error, select_for_training
 
 WARN_AT_SHARE = 0.5  # warn when at least this share of the episodes ended at a refused action
 
@@ -47,9 +47,9 @@ def invalid_action_warning(groups: list[dict]) -> str | None:
     example = next(str(e.get("message") or "") for e in errors if str(e.get("code")) == common)
     counted = ", ".join(f"{code} {count}" for code, count in codes.most_common())
     advice = ADVICE.get(common, "the policy's replies were refused")
-    # A group teaches nothing when its returns are all the same (what training selection skips); in a
-    # multi-step game, episodes that end at a refused action may still have earned differing rewards first
-    flat = sum(1 for group in groups if len({c.get("reward") for c in group.get("completions") or []}) <= 1)
+    # The groups training would skip (no usable completion, or all remaining returns equal): in a multi-step
+    # game, episodes that end at a refused action may still have earned differing rewards first
+    flat = len(groups) - len(select_for_training(groups).groups)
     if flat == len(groups):
         groups_left = "no group has anything to learn from"
     elif flat == 0:
@@ -60,10 +60,9 @@ def invalid_action_warning(groups: list[dict]) -> str | None:
     # Measured on four unseen flat schemas (docs/tiny-model.md): two were 4-5x as valid with thinking off,
     # two 1.3-1.6x with it on, so the advice is "the other way"; nested values it cannot write either way
     try_next = ("check the model can follow the action schema (`kiln openenv inspect URL` shows it), or try "
-                "--thinking the other way; a small model may not manage fields that hold a list, an object or a "
-                "nested model" if common == "ACTION_SCHEMA_VALIDATION_FAILED" else
-                "check the model can follow the action schema (`kiln openenv inspect URL` shows it), or try "
-                "--thinking the other way")
+                "--thinking the other way" + ("; a small model may not manage fields that hold a list, an object "
+                                              "or a nested model" if common == "ACTION_SCHEMA_VALIDATION_FAILED"
+                                              else ""))
     # the guide: a completion cut off while thinking has no action to score and is left out of training
     consequence = ("Those completions have no action to score and are left out of training"
                    if common == "MODEL_ACTION_NO_OUTPUT" else
