@@ -217,17 +217,12 @@ def generate(args) -> dict:
 def _dataset_root_warning(client: KilnClient, output: Path) -> str | None:
     """The guide's next step trains on this file by path (`dataset_path`, read by the server, which reads
     only under its dataset roots): when the server on this machine would refuse it, say so now, not then."""
-    import ipaddress
     from urllib.parse import urlparse
 
     from core.confined_paths import ROOTS_SETTING
+    from openenv.client.urls import is_loopback_host
 
-    host = urlparse(client.url).hostname or ""
-    try:
-        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        local = False
-    if not local:
+    if not is_loopback_host(urlparse(client.url).hostname or ""):
         return None  # another machine's server: its roots are paths there
     try:
         roots = client.get("/v1/config")["config"]["dataset_roots"]
