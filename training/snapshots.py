@@ -5,7 +5,6 @@ evidence) and removed with a job that published nothing. Jobs on one corpus shar
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import stat
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from django.conf import settings
 
 from core.artifacts import ensure_dir, write_file
+from core.content_identity import file_sha256
 from core.contracts.groups import AdmittedCorpus
 
 
@@ -55,22 +55,14 @@ def _holds(shared: Path, corpus: AdmittedCorpus) -> bool:
     if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o222
             or info.st_size != len(corpus.jsonl)):
         return False
-    digest = hashlib.sha256()
-    with open(shared, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}" == corpus.sha256
+    return file_sha256(shared) == corpus.sha256
 
 
-def _sweep_orphans(min_age_s: float = 600.0) -> None:
+def _sweep_orphans() -> None:
     """Shared copies no job links to (a process killed between writing one and linking it, or before its
     job committed), once old enough that no submission is between those two steps."""
-    now = time.time()
     for shared in snapshots_dir().glob("sha256-*.jsonl"):
-        with contextlib.suppress(OSError):
-            info = shared.lstat()
-            if info.st_nlink == 1 and now - info.st_mtime > min_age_s:
-                shared.unlink()
+        _drop_if_unlinked(shared, older_than_s=600.0)
 
 
 def unpin_snapshot(path: Path, sha256: str | None) -> None:
@@ -81,10 +73,11 @@ def unpin_snapshot(path: Path, sha256: str | None) -> None:
         _drop_if_unlinked(_shared_snapshot(sha256))
 
 
-def _drop_if_unlinked(shared: Path) -> None:
-    """Remove a shared copy no job's file links to any more."""
+def _drop_if_unlinked(shared: Path, older_than_s: float = 0.0) -> None:
+    """Remove a shared copy no job's file links to any more (and last written over `older_than_s` ago)."""
     with contextlib.suppress(OSError):
-        if shared.stat().st_nlink == 1:
+        info = shared.lstat()
+        if info.st_nlink == 1 and time.time() - info.st_mtime >= older_than_s:
             shared.unlink()
 
 
