@@ -22,7 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from adapters.canary import CanaryUnavailable, canary_run, canary_timeout
-from adapters.models import Adapter, AdapterState, AdapterStatus, Promotion, PromotionState
+from adapters.models import Adapter, AdapterState, AdapterStatus, AdapterTransition, Promotion, PromotionState
 from core.db_locks import REGISTRY, serialize
 from core.errors import KilnError
 
@@ -245,8 +245,6 @@ def _activated_since(job):
     finish in any order: without this an older auto_load whose canary finished last replaced the adapter a
     later training (or a person) had made active. The newest request wins, as an approved promotion does
     (one requested against an incumbent that changed since is stale)."""
-    from adapters.models import AdapterTransition
-
     return (AdapterTransition.objects.filter(to_state=AdapterStatus.ACTIVE, at__gt=job.created_at)
             .order_by("-at", "-id").first())
 
