@@ -208,8 +208,9 @@ def promotion_evidence(*, adapter: Adapter, gate: dict | None = None, post_eval_
     """What a reviewer decides on (see the module docstring). `gate`: the post-eval gate evidence (None:
     the adapter's own post-eval, if any); `receipt`: a train receipt body not yet recorded as a row
     (None: the adapter's TRAIN row). Missing parts are None; nothing here raises on a missing figure."""
+    gate_status = None
     if gate is None:
-        gate, found = gate_of(adapter)
+        gate, found, gate_status = gate_of(adapter)
         post_eval_job_id = post_eval_job_id or found
     row = _train_receipt_row(adapter) if receipt is None else None
     if receipt is None:
@@ -227,6 +228,8 @@ def promotion_evidence(*, adapter: Adapter, gate: dict | None = None, post_eval_
     return {"schema": EVIDENCE_SCHEMA, "candidate": adapter.name, "candidate_content_sha256": adapter.content_sha256,
             "training_job_id": str(job.uuid) if job is not None else None,
             "post_eval_job_id": post_eval_job_id, "gate": gate,
+            # with no gate evidence, why: the gate errored or is pending, or the post-eval had no floor
+            "gate_status": gate_status if gate is None else None,
             "train_receipt_sha256": row.sha256 if row is not None else None,
             "reward_statistics": receipt.get("rewards"),
             "reward_trend": {**trend, "source": source} if trend else None,

@@ -38,14 +38,31 @@ def _job(job_id):
     return Job.objects.filter(uuid=str(job_id)).first()
 
 
-def gate_of(adapter) -> tuple[dict | None, str | None]:
-    """The post-eval gate evidence of the adapter's training job, and the post-eval job id."""
+def gate_of(adapter) -> tuple[dict | None, str | None, dict | None]:
+    """The post-eval gate evidence of the adapter's training job, the post-eval job id, and what became
+    of that gate (`gate_status_of`)."""
     job = adapter.training_job
     post = _job((job.result or {}).get("post_eval_job_id")) if job is not None else None
     if post is None:
-        return None, None
+        return None, None, None
     evidence = ((post.result or {}).get("post_eval_gate_evidence") or [None])[0]
-    return (evidence if isinstance(evidence, dict) else None), str(post.uuid)
+    return (evidence if isinstance(evidence, dict) else None), str(post.uuid), gate_status_of(post)
+
+
+def gate_status_of(post) -> dict:
+    """What became of a post-eval's gate, so a promotion without gate evidence says why: the gate's
+    outcome (`error` when the post-eval job failed or was cancelled before it decided, `pending` while it
+    runs, None when the post-eval had no floor to hold), the verdict, and the job's error code."""
+    result = post.result or {}
+    outcome, verdict = result.get("gate_outcome"), result.get("post_eval_verdict")
+    if not outcome and post.state in ("failed", "cancelled"):
+        outcome = "error"
+        why = ": ".join(part for part in (post.error_code or "no code", post.error_message) if part)
+        verdict = f"the post-training evaluation ended {post.state} before the gate decided ({why})"
+    elif not outcome and post.state in ("queued", "running"):
+        outcome, verdict = "pending", "the post-training evaluation has not finished"
+    return {"outcome": outcome, "verdict": verdict, "state": post.state, "error_code": post.error_code or None,
+            "min_accuracy": _dict(_dict(post.payload).get("post_eval")).get("min_accuracy")}
 
 
 def _verified_json(path: Path, expected: str | None, limit: int = MAX_FILE_BYTES) -> dict | None:

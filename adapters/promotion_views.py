@@ -35,7 +35,7 @@ SAMPLES_SHOWN = 50
 SHOWN_EVIDENCE = frozenset({"schema", "candidate", "candidate_content_sha256", "training_job_id",
                             "post_eval_job_id", "gate", "train_receipt_sha256", "reward_statistics",
                             "reward_trend", "reward_history", "reward_histogram", "samples", "kl_to_reference",
-                            "lengths", "policy_audit", "alarm_bounds"})
+                            "lengths", "policy_audit", "alarm_bounds", "gate_status"})
 PERMISSION_TEXT = ("You lack the approve_promotion permission, so you cannot approve or reject promotions. "
                    "An administrator can grant it in /admin/ (Users → permissions) or with "
                    "`kiln user create NAME --approver`.")
@@ -176,6 +176,7 @@ def _detail_context(request, promotion, *, error: KilnError | None = None, decis
         **_decide_context(request, promotion),
         "evidence": evidence,
         "gate": evidence.get("gate") if isinstance(evidence.get("gate"), dict) else None,
+        "gate_status": evidence.get("gate_status") if isinstance(evidence.get("gate_status"), dict) else {},
         "reward": _reward(evidence, candidate),
         "drift": _drift(evidence),
         "samples": samples,

@@ -48,6 +48,7 @@ def post_eval_state(job: Job) -> dict:
     """Training completion, evaluation and activation: three recorded states, each with its time."""
     evaluation = post_eval_job(job)
     result = (evaluation.result or {}) if evaluation else {}
+    gate = _gate_fields(job)  # a post-eval job that died before its gate decided: outcome `error`, as gate_outcome says
     adapter = Adapter.objects.filter(training_job=job).first()
     return {
         "training": {"state": job.state, "at": job.finished_at},
@@ -55,10 +56,10 @@ def post_eval_state(job: Job) -> dict:
             # job_id: the post-eval job (GET /v1/jobs/{id}); eval_job_id: the evaluation it queued, the
             # one GET /v1/eval/jobs/{id} answers (null until it is queued, and once it is deleted)
             "job_id": str(evaluation.uuid), "eval_job_id": next(iter(_linked_eval_job_ids(job)), None),
-            "state": evaluation.state, "outcome": result.get("gate_outcome"),
+            "state": evaluation.state, "outcome": gate["gate_outcome"],
             "at": evaluation.finished_at, "error": evaluation.error_code or None,
-            # why a gate ended `error` (e.g. its evaluation could not be queued) when no job error says it
-            "reason": result.get("post_eval_verdict") if result.get("gate_outcome") == "error" else None},
+            # why a gate ended `error` (its evaluation could not be queued, its job was killed)
+            "reason": gate["post_eval_verdict"] if gate["gate_outcome"] == "error" else None},
         "activation": _activation_state(job, adapter, result),
     }
 

@@ -44,9 +44,12 @@ def _print_detail(p: dict) -> None:
     for alarm in p.get("alarms") or []:
         print(f"ALARM: {alarm}")
     gate = (p.get("evidence") or {}).get("gate") or {}
+    gate_status = (p.get("evidence") or {}).get("gate_status") or {}
     if gate:
         print(f"gate: {gate.get('outcome')} (candidate {gate.get('candidate_accuracy')}, "
               f"baseline {gate.get('baseline_accuracy')})")
+    elif gate_status.get("outcome"):  # a gate was asked for and did not decide (killed, pending)
+        print(f"gate: {gate_status['outcome']}, no decision ({gate_status.get('verdict') or 'no verdict'})")
     trend = (p.get("evidence") or {}).get("reward_trend") or {}
     if trend:
         print(f"reward trend: {trend.get('first')} -> {trend.get('last')} over {trend.get('points')} points")

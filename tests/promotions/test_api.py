@@ -94,7 +94,8 @@ def test_the_cli_calls_the_routes(monkeypatch, capsys):
                          "job_id": "12d65255-0000-4000-8000-000000000000", "requested_at": "2026-01-01T00:00:01"},
                         {"id": 3, "state": "pending", "candidate": "e", "incumbent": None, "requested_by": None,
                          "job_id": None, "requested_at": "2026-01-01T00:00:02"}]
-            return {"id": 1, "state": "pending", "candidate": "c", "alarms": ["reward rose"], "evidence": {},
+            return {"id": 1, "state": "pending", "candidate": "c", "alarms": ["reward rose"],
+                    "evidence": {"gate": None, "gate_status": {"outcome": "error", "verdict": "its job was killed"}},
                     "requested_by": None, "job_id": None,
                     "receipts": [{"kind": "promotion", "sha256": "sha256:1", "created_at": "x"}]}
 
@@ -110,6 +111,7 @@ def test_the_cli_calls_the_routes(monkeypatch, capsys):
     assert cli_main.main(["promotions", "show", "1"]) == 0
     shown = capsys.readouterr().out
     assert "ALARM: reward rose" in shown and "requested_by     (anonymous)" in shown
+    assert "gate: error, no decision (its job was killed)" in shown  # a gate asked for that never decided
     assert cli_main.main(["promotions", "approve", "1", "--reason", "ok", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "applied"
     assert cli_main.main(["promotions", "reject", "1", "--reason", "no"]) == 0

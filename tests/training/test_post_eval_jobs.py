@@ -185,6 +185,10 @@ def test_a_post_eval_that_died_before_deciding_is_the_gates_error(home, django_c
     detail = training_detail(Job.objects.get(id=training.id))
     assert detail["gate_outcome"] == "error"
     assert "ended failed before the gate decided (job_interrupted: " in detail["post_eval_verdict"]
+    # the job's three states say the same (QA: states.evaluation.outcome stayed null)
+    evaluation_state = detail["states"]["evaluation"]
+    assert (evaluation_state["state"], evaluation_state["outcome"]) == ("failed", "error")
+    assert evaluation_state["reason"] == detail["post_eval_verdict"]
     assert Adapter.objects.get(name="cand3").loaded is False
 
 

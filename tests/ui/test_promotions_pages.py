@@ -380,6 +380,32 @@ def test_a_post_eval_without_a_floor_is_not_described_as_absent(home, team):
         assert ("(deleted)" in facts[:facts.index("</dd>")]) is not link  # no link to a 404 in the facts either
 
 
+@pytest.mark.parametrize(("post_state", "result", "outcome", "code"), [
+    ("failed", {}, "error", "job_interrupted"),  # its worker killed before the gate decided
+    ("running", {}, "pending", None),
+    ("completed", {"gate_outcome": "error", "post_eval_verdict": "the held-out evaluation failed"}, "error", None),
+])
+def test_a_gate_that_did_not_decide_is_named_not_described_as_no_floor(home, team, post_state, result, outcome, code):
+    """QA: a post-eval with min_accuracy whose job was killed read "ran a post-eval without min_accuracy"."""
+    requester, reviewer, _ = team
+    post = job_submit(kind="test.steps", payload={"steps": 1}, title="post-eval", user=requester)
+    Job.objects.filter(id=post.id).update(
+        kind="training.post_eval", state=post_state, result=result, error_code=code or "",
+        payload={"post_eval": {"suite": "held-out", "min_accuracy": 0.25}})
+    training = _training_job(requester, REWARDS)
+    Job.objects.filter(id=training.id).update(result={"post_eval_job_id": str(post.uuid)})
+    published(home, "r2", job=Job.objects.get(id=training.id))
+    promotion = promotion_request(candidate="r2", user=requester, reason="the gate crashed; by hand")
+    status = promotion.evidence["gate_status"]
+    assert (status["outcome"], status["error_code"], status["min_accuracy"]) == (outcome, code, 0.25)
+    assert promotion.evidence["gate"] is None and promotion.evidence["post_eval_job_id"] == str(post.uuid)
+    html = _html(_client(reviewer).get(f"/ui/promotions/{promotion.id}/"))
+    assert 'id="gate-not-configured"' not in html
+    said = _block(html, "gate-status")
+    assert _text(html, "gate-status-outcome") == outcome and "min_accuracy 0.25" in said
+    assert (f"( {code} )" in said) is bool(code)
+
+
 @pytest.mark.parametrize("state", PromotionState.values)
 def test_every_state_renders(home, team, state):
     requester, reviewer, other = team
