@@ -149,7 +149,21 @@ def make_active(*, name: str, actor=None, reason: str, job=None, canary: dict | 
     Promotion.objects.filter(state=PromotionState.PENDING, candidate=name).update(
         state=PromotionState.SUPERSEDED, decided_at=timezone.now(),
         reason=f"{name} was made active otherwise by {_username(actor) or 'the system'}: {reason}"[:2000])
+    supersede_stale_promotions(active=name, actor=actor)
     return Adapter.objects.get(id=adapter.id)
+
+
+def supersede_stale_promotions(*, active: str | None, actor=None) -> None:
+    """Inside the caller's transaction, once `active` (None: the base model) serves: a pending promotion
+    requested against another incumbent can no longer be approved (promotion_stale: its evidence compared
+    the candidate with what served then), so it is superseded, as when another promotion is applied;
+    left pending it stayed in the queue for ever and blocked deleting its candidate (QA, after a direct
+    load). One requested against `active` itself is current again and stays pending."""
+    stale = Promotion.objects.filter(state=PromotionState.PENDING)
+    stale = stale.exclude(incumbent=active) if active else stale.exclude(incumbent__isnull=True).exclude(incumbent="")
+    stale.update(state=PromotionState.SUPERSEDED, decided_at=timezone.now(),
+                 reason=(f"{active or 'the base model'} was made active by {_username(actor) or 'the system'}: "
+                         "it no longer replaces what served when it was requested"))
 
 
 def activate_with_canary(*, name: str, actor=None, reason: str, job=None, allow_quarantined: bool = False,

@@ -294,12 +294,14 @@ def promotion_apply(*, promotion_id: int, canary: dict, job=None) -> Promotion:
         if gate.get("outcome") == "promoted":
             extra.update(gate_outcome="promoted", eval_job_id=gate.get("eval_job_id"),
                          training_job_id=evidence.get("training_job_id"))
-        make_active(name=promotion.candidate, actor=promotion.decided_by, job=promotion.job, canary=canary,
-                    reason=f"promotion {promotion.id} approved: {promotion.reason}", receipt_extra=extra)
-        Promotion.objects.filter(id=promotion.id).update(state=PromotionState.APPLIED)
+        # the others against the same incumbent first: make_active supersedes what is still pending
+        # against another incumbent, and these are superseded by this promotion in particular
         Promotion.objects.filter(state=PromotionState.PENDING, incumbent=promotion.incumbent).exclude(
             id=promotion.id).update(state=PromotionState.SUPERSEDED, decided_at=timezone.now(),
                                     reason=f"superseded by promotion {promotion.id}")
+        make_active(name=promotion.candidate, actor=promotion.decided_by, job=promotion.job, canary=canary,
+                    reason=f"promotion {promotion.id} approved: {promotion.reason}", receipt_extra=extra)
+        Promotion.objects.filter(id=promotion.id).update(state=PromotionState.APPLIED)
     return Promotion.objects.get(id=promotion_id)
 
 

@@ -268,10 +268,13 @@ def adapter_unload(*, name: str, actor=None, reason: str = "") -> Adapter:
         if adapter.state == AdapterState.WRITING:
             raise _busy(adapter, "unloaded")
         if adapter.loaded:
+            from adapters.activation import supersede_stale_promotions
+
             Adapter.objects.filter(id=adapter.id).update(loaded=False)
             transition_record(name=name, from_state=AdapterStatus.ACTIVE, to_state=AdapterStatus.AVAILABLE,
                               actor=actor, content_sha256=adapter.content_sha256,
                               reason=reason or "unloaded by hand")
+            supersede_stale_promotions(active=None, actor=actor)
     return Adapter.objects.get(name=name)
 
 

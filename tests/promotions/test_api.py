@@ -69,10 +69,35 @@ def test_the_stable_codes(team, home):
     assert superseded["state"] == "superseded" and "cand was made active otherwise by other: by hand" in \
         superseded["reason"]
     error(send(team["reviewer"], f"/v1/promotions/{pid}/approve", {"reason": "ok"}), 409, "promotion_not_pending")
-    # a request with another candidate, made while inc was active, is stale now: approving it is refused
-    error(send(team["other"], f"/v1/promotions/{own}/approve", {"reason": "ok"}), 409, "promotion_stale")
-    rejected = send(team["other"], f"/v1/promotions/{own}/reject", {"reason": "stale"})
-    assert rejected.status_code == 200 and rejected.json()["state"] == "rejected"
+    # a request with another candidate, made while inc was active, can no longer be approved
+    # (promotion_stale): QA found it left pending for ever, blocking cand2's deletion; it is superseded
+    stale = team["reviewer"].get(f"/v1/promotions/{own}").json()
+    assert stale["state"] == "superseded" and "cand was made active by other" in stale["reason"]
+    error(send(team["other"], f"/v1/promotions/{own}/approve", {"reason": "ok"}), 409, "promotion_not_pending")
+    assert team["reviewer"].get("/v1/promotions?state=pending").json() == []
+
+
+def test_a_new_incumbent_supersedes_only_the_requests_made_against_another(team, home):
+    """Loading or unloading by hand: what was requested against the adapter that serves now stays pending."""
+    published(home, "cand2")
+    against_inc = send(team["requester"], "/v1/promotions", {"candidate": "cand"}).json()["id"]
+    assert send(team["other"], "/v1/adapters/load", {"name": "cand2", "reason": "by hand"}).status_code == 200
+    against_cand2 = send(team["requester"], "/v1/promotions", {"candidate": "cand"}).json()
+    assert against_cand2["incumbent"] == "cand2" and against_cand2["state"] == "pending"
+    assert team["reviewer"].get(f"/v1/promotions/{against_inc}").json()["state"] == "superseded"
+    # requested against cand2: making inc active supersedes it
+    assert send(team["other"], "/v1/adapters/load", {"name": "inc", "reason": "back"}).status_code == 200
+    assert team["reviewer"].get(f"/v1/promotions/{against_cand2['id']}").json()["state"] == "superseded"
+    against_inc_again = send(team["requester"], "/v1/promotions", {"candidate": "cand"}).json()["id"]
+    assert send(team["other"], "/v1/adapters/unload", {"name": "inc", "reason": "to the base"}).status_code == 200
+    unloaded = team["reviewer"].get(f"/v1/promotions/{against_inc_again}").json()
+    assert unloaded["state"] == "superseded" and "the base model was made active by other" in unloaded["reason"]
+    against_base = send(team["requester"], "/v1/promotions", {"candidate": "cand"}).json()
+    assert against_base["incumbent"] is None and against_base["state"] == "pending"
+    approved = send(team["reviewer"], f"/v1/promotions/{against_base['id']}/approve", {"reason": "better than base"})
+    assert approved.status_code == 200, approved.content
+    drain_activations()
+    assert team["reviewer"].get(f"/v1/promotions/{against_base['id']}").json()["state"] == "applied"
 
 
 def test_the_cli_calls_the_routes(monkeypatch, capsys):

@@ -131,10 +131,16 @@ def test_a_stale_promotion_is_refused_after_the_incumbent_changed(home):
     published(home, "b")
     published(home, "c")
     promotion = promotion_request(candidate="b", user=requester, reason="")
-    make_active(name="c", reason="someone loaded another by hand")
+    # what serves changed by a path that supersedes nothing (a row set by hand): approval checks anyway
+    Adapter.objects.filter(name="a").update(loaded=False)
+    Adapter.objects.filter(name="c").update(loaded=True)
     assert _code(lambda: promotion_approve(promotion_id=promotion.id, user=reviewer, reason="ok")) \
         == "promotion_stale"
     assert Promotion.objects.get(id=promotion.id).state == "pending" and not Adapter.objects.get(name="b").loaded
+    # made active the usual way, the stale request is superseded and leaves the queue
+    make_active(name="c", reason="someone loaded another by hand")
+    superseded = Promotion.objects.get(id=promotion.id)
+    assert superseded.state == "superseded" and superseded.reason.startswith("c was made active by the system")
 
 
 def test_reject_needs_a_reason_and_records_the_decision(home):
