@@ -193,3 +193,21 @@ def test_discovering_the_links_keeps_the_web_process_torch_free():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "tests.settings"})
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_post_eval_killed_before_its_gate_decided_is_a_recorded_fact_not_a_broken_link(home):
+    """QA: an adapter whose post-eval worker was killed, later approved by hand, failed `kiln adapters
+    verify` (chain_broken at post_eval.job) for ever, though every byte and row was intact."""
+    build_chain(home, "gated", gated=True, loaded=False)
+    post = Job.objects.get(kind="training.post_eval")
+    Receipt.objects.filter(kind="post_eval_gate", subject="gated").delete()  # it died before recording one
+    Job.objects.filter(id=post.id).update(state="failed", error_code="job_interrupted", result={})
+    report = verify_adapter("gated")
+    assert report.ok, report.to_dict()
+    links = {link.link: link for link in report.links}
+    assert "ended failed (job_interrupted) before its gate decided" in links["post_eval.job"].detail
+    assert links["post_eval.gate_receipt"].detail == "no gate decided"
+    # a row altered elsewhere in the same chain is still found
+    row = Receipt.objects.get(kind="train", subject="gated")
+    tamper_row(row, {**row.body, "status": "forged"})
+    assert _broken("gated")[0] == "train_receipt.row"
