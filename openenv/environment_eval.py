@@ -107,6 +107,28 @@ def check_environments(baseline: dict, candidate: dict) -> None:
                                   "nothing was published")
 
 
+def check_training_identities(trained_on: list[dict] | None, inspections: list) -> None:
+    """The held-out evaluation runs on the deployments the adapter's episodes were collected from: an
+    environment redeployed or reconfigured since (its discovery changed) would judge the adapter on
+    another environment than the one it was trained on (QA: it completed without a word)."""
+    if not trained_on:
+        return
+    seen = {inspection.identity.get("base_url"): inspection.identity for inspection in inspections}
+    for before in trained_on:
+        url = before.get("base_url")
+        now = seen.get(url)
+        if now is None:
+            raise identity_error(f"{url}, which training collected from, is not among the evaluation's environments")
+        changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+        if changed:
+            raise EnvironmentEvalError(
+                "environment_eval_identity_changed",
+                f"{url} is not the environment the adapter was trained on ({', '.join(changed)} changed since the "
+                "training episodes were collected); nothing was published", failure_code="environment_identity_changed",
+                hint="the environment was redeployed or reconfigured after collection: evaluate on the deployment "
+                     "the adapter was trained on, or collect and train again")
+
+
 def _check_adapter(side: str, behavior: dict, policy: EvalPolicy) -> None:
     adapter = behavior.get("adapter")
     if policy.adapter is None:
@@ -177,14 +199,17 @@ class _Progress:
 
 
 async def _collect_side(side: str, base: CollectionConfig, plan: EvalPlan, policy: EvalPolicy, out_dir: Path,
-                        policy_factory: PolicyFactory, progress: _Progress, reference: dict | None = None) -> SideResult:
+                        policy_factory: PolicyFactory, progress: _Progress, reference: dict | None = None,
+                        trained_on: list[dict] | None = None) -> SideResult:
     config = side_config(base, plan, policy, Path(out_dir) / side)
     progress.side(side)
     behavior = policy_factory(policy.adapter)
     try:
         inspections = None
-        if reference is not None:  # fail before spending an episode when the environment changed meanwhile
+        if reference is not None or trained_on:  # fail before spending an episode on a changed environment
             inspections = await discover(config)
+            check_training_identities(trained_on, inspections)
+        if reference is not None:
             check_environments(reference, {"environments": [inspection.to_json() for inspection in inspections]})
         bundle = await collect(config, behavior, on_progress=progress.step, inspections=inspections)
     except CollectionError as exc:  # the side's own failure (its revalidation included), at this stage
@@ -196,8 +221,9 @@ async def _collect_side(side: str, base: CollectionConfig, plan: EvalPlan, polic
 
 async def evaluate(*, base: CollectionConfig, plan: EvalPlan, baseline: EvalPolicy, candidate: EvalPolicy,
                    out_dir: Path, policy_factory: PolicyFactory, expected_behavior: dict | None = None,
-                   progress: _Progress | None = None) -> EnvironmentEvalResult:
-    """Collect both sides, check them against each other, gate, publish the six artifacts."""
+                   trained_on: list[dict] | None = None, progress: _Progress | None = None) -> EnvironmentEvalResult:
+    """Collect both sides, check them against each other (and, given `trained_on`, the identities the
+    training episodes were collected from, against the environments now), gate, publish the six artifacts."""
     if seed_interval_overlaps((base.seed_start, base.groups), (plan.seed_start, plan.groups)):
         raise invalid_eval(f"the eval seeds [{plan.seed_start}, {plan.seed_start + plan.groups}) overlap the collection's "
                        f"[{base.seed_start}, {base.seed_start + base.groups})")
@@ -208,7 +234,8 @@ async def evaluate(*, base: CollectionConfig, plan: EvalPlan, baseline: EvalPoli
                        "output_adapter different from adapter")
     progress = progress or _Progress(plan)
     sides = {}
-    sides["baseline"] = await _collect_side("baseline", base, plan, baseline, out_dir, policy_factory, progress)
+    sides["baseline"] = await _collect_side("baseline", base, plan, baseline, out_dir, policy_factory, progress,
+                                            trained_on=trained_on)
     sides["candidate"] = await _collect_side("candidate", base, plan, candidate, out_dir, policy_factory, progress,
                                              reference=sides["baseline"].summary)
     check_environments(sides["baseline"].summary, sides["candidate"].summary)
@@ -237,6 +264,7 @@ async def evaluate(*, base: CollectionConfig, plan: EvalPlan, baseline: EvalPoli
 
 def run_environment_eval(*, base: CollectionConfig, plan: EvalPlan, baseline: EvalPolicy, candidate: EvalPolicy,
                          out_dir: Path, policy_factory: PolicyFactory, expected_behavior: dict | None = None,
+                         trained_on: list[dict] | None = None,
                          should_stop: Callable[[], bool] | None = None, on_progress: Progress | None = None,
                          tick_seconds: float = TICK_SECONDS) -> EnvironmentEvalResult:
     """`evaluate` on a private event loop in a thread; this (the caller's) thread polls `should_stop()` and
@@ -251,7 +279,8 @@ def run_environment_eval(*, base: CollectionConfig, plan: EvalPlan, baseline: Ev
         state["loop"], state["task"] = asyncio.get_running_loop(), asyncio.current_task()
         ready.set()
         return await evaluate(base=base, plan=plan, baseline=baseline, candidate=candidate, out_dir=out_dir,
-                              policy_factory=policy_factory, expected_behavior=expected_behavior, progress=progress)
+                              policy_factory=policy_factory, expected_behavior=expected_behavior,
+                              trained_on=trained_on, progress=progress)
 
     def target():
         try:

@@ -219,6 +219,7 @@ def _evaluate(ctx, run: OpenEnvRun) -> dict:
                                    reply_timeout_s=settings.KILN.openenv_reply_timeout_secs), plan=plan,
             baseline=baseline, candidate=candidate,
             out_dir=directory / OUT_DIR, policy_factory=factory, expected_behavior=expected,
+            trained_on=list(run.environments or []),
             should_stop=ctx.should_stop, on_progress=_Persist(run))
     except EnvironmentEvalCancelled:
         _stopped(run, ctx)

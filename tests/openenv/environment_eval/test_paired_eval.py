@@ -186,6 +186,25 @@ def test_an_unexpected_adapter_revision_fails_closed(counter, tmp_path, where):
     assert not any((tmp_path / "eval").rglob("*.json*"))
 
 
+def test_an_environment_changed_since_training_fails_closed_before_any_episode(counter, tmp_path):
+    """QA: the environment's /metadata changed after collection (a redeploy); the evaluation ran on it and
+    completed without a word. Given the identities training collected from, it fails before an episode."""
+    from openenv.client import inspect_sync
+
+    trained_on = inspect_sync(counter.url).identity
+    result, _ = evaluate(counter.url, tmp_path / "same", ("naive", "naive"), eval_config=SMALL,
+                         trained_on=[trained_on])  # the same deployment: evaluated as before
+    assert result.gate is not None
+    redeployed = {**trained_on, "metadata": {**trained_on["metadata"], "description": "v1, before a redeploy"},
+                  "discovery_sha256": "sha256:" + "0" * 64}
+    with pytest.raises(EnvironmentEvalError) as raised:
+        evaluate(counter.url, tmp_path / "changed", ("naive", "skilled"), eval_config=SMALL, trained_on=[redeployed])
+    error = raised.value
+    assert error.code == "environment_eval_identity_changed" and error.failure_code == "environment_identity_changed"
+    assert "not the environment the adapter was trained on (discovery_sha256, metadata changed" in error.message
+    assert not any((tmp_path / "changed").rglob("*.json*"))
+
+
 def test_an_environment_redeployed_between_the_sides_fails_closed(tmp_path):
     """The server is restarted on its port with another action bound (a changed schema) when the
     candidate's policy is made, i.e. after the baseline's collection and revalidation."""
