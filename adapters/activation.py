@@ -98,7 +98,7 @@ def run_canary(*, name: str, actor=None, job=None, allow_quarantined: bool = Fal
     adapter = _published(name)
     if adapter.quarantined and not allow_quarantined:
         raise KilnError("adapter_quarantined", f"adapter {name!r} is quarantined: its serving canary failed", status=409,
-                        hint="inspect its canary in GET /v1/adapters/{name}/detail; load it anyway with "
+                        hint=f"inspect its canary in GET /v1/adapters/{name}/detail; load it anyway with "
                              "allow_quarantined=true")
     if expected_sha256 and adapter.content_sha256 != expected_sha256:
         raise KilnError("adapter_changed", f"adapter {name!r} is now {adapter.content_sha256}, not "

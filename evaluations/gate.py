@@ -10,7 +10,10 @@ standard library and `evaluations.statistics` only (no Django, no torch, no ninj
 The candidate is compared with the adapter that was active before training (or the base model).
 Each arm gives its per-example outcomes keyed by example id; `pass` counts 1 and every other kind
 (`fail`, `invalid`, `error`) counts 0. A pair is improved when the candidate passes and the
-baseline does not, regressed in the opposite case, tied otherwise. Accuracies and their 95 %
+baseline does not, regressed in the opposite case, tied otherwise; except that a baseline `error`
+(a refused request, a crashed scorer) measured nothing of the baseline, so a candidate pass there is
+tied, never improved: infrastructure failures on the side the candidate would replace are no evidence
+for promoting it (the reason counts them). Accuracies and their 95 %
 Wilson bounds are over the paired examples. The exact two-sided sign test runs on improved vs
 regressed (ties dropped).
 
@@ -125,13 +128,15 @@ def paired_wilson_v1(*, baseline: GateArm, candidate: GateArm, eval_job_id: str,
     floor = _check_min_accuracy(min_accuracy)
     mismatch = _mismatch(baseline, candidate)
     ids = sorted(set(baseline.outcomes) & set(candidate.outcomes))
-    base_pass = cand_pass = improved = regressed = 0
+    base_pass = cand_pass = improved = regressed = baseline_errors = 0
     for example_id in ids:
-        b = _kind(baseline.outcomes[example_id]) == "pass"
+        base_kind = _kind(baseline.outcomes[example_id])
+        b = base_kind == "pass"
         c = _kind(candidate.outcomes[example_id]) == "pass"
         base_pass += b
         cand_pass += c
-        improved += c and not b
+        baseline_errors += base_kind == "error"
+        improved += c and not b and base_kind != "error"
         regressed += b and not c
     n = len(ids)
     tied = n - improved - regressed
@@ -139,6 +144,8 @@ def paired_wilson_v1(*, baseline: GateArm, candidate: GateArm, eval_job_id: str,
     base_low, base_high = wilson_interval(base_pass, n, z=Z_95)
     cand_low, cand_high = wilson_interval(cand_pass, n, z=Z_95)
     counts = f"improved {improved}, regressed {regressed}, tied {tied}, exact two-sided p={p_value:.6g}"
+    if baseline_errors:
+        counts += f"; {baseline_errors} baseline errors counted as ties"
 
     if mismatch is not None:
         decision, reason = "error", f"the arms cannot be paired: {mismatch}"

@@ -54,8 +54,8 @@ JOB_ERROR_HINTS = {
     "job_interrupted": "its worker stopped while it ran (kill, restart, out of memory); submit it again",
     "job_time_limit": "it ran past its time limit; submit a smaller piece of work",
     "job_error": "an unexpected error: the worker's log has the traceback",
-    "adapter_load_failed": "the adapter failed its serving canary and is quarantined: see its canary in GET "
-                           "/v1/adapters/{name}/detail",
+    "adapter_load_failed": "the adapter failed its serving canary and is quarantined: see its canary with "
+                           "`kiln adapters show NAME` (GET /v1/adapters/NAME/detail)",
     "adapter_quarantined": "its serving canary failed earlier; an operator may load it anyway with "
                            "--allow-quarantined",
     "inference_disabled_by_profile": "restart the server in the stable profile (KILN_SERVER_SERVING_PROFILE=stable)",

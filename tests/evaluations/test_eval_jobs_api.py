@@ -162,6 +162,21 @@ def test_submission_refusals_have_stable_codes(api, suite, gpu_worker, home, set
     error(_run(api, {"suite_name": "sums"}), 503, "inference_unavailable")
 
 
+def test_a_quarantined_adapter_is_refused_not_scored_zero(api, suite, gpu_worker, home):
+    """QA: every example was refused at inference and the job "completed" with accuracy 0.0, exit 0."""
+    _adapter(home, "q1")
+    Adapter.objects.filter(name="q1").update(quarantined=True)
+    jobs_before = Job.objects.count()
+    message = error(_run(api, {"suite_name": "sums", "adapter": "q1"}), 409, "adapter_quarantined")
+    assert message.startswith("adapter: adapter 'q1' is quarantined") and "cannot be evaluated" in message
+    compared = error(send(api, "post", "/v1/eval/compare", {"suite_name": "sums", "adapters": [None, "q1"]}), 409,
+                     "adapter_quarantined")
+    assert compared.startswith("adapters[1]:")
+    assert Job.objects.count() == jobs_before  # nothing queued
+    Adapter.objects.filter(name="q1").update(loaded=True)  # an operator served it anyway: it may be evaluated
+    assert _run(api, {"suite_name": "sums", "adapter": "q1"}).status_code == 200
+
+
 def test_tracked_cap_is_503_eval_tracked_full(api, suite, gpu_worker):
     from datetime import timedelta
 

@@ -194,8 +194,22 @@ def test_outcome_objects_and_non_pass_kinds():
     cand = {f"e{i}": ExampleOutcome("pass", "") for i in range(20)}
     result = paired_wilson_v1(baseline=GateArm(None, "s", "h", "g", base), candidate=GateArm("c", "s", "h", "g", cand),
                               eval_job_id="j", min_accuracy=0.8)
-    assert result.decision == "promoted" and result.evidence["improved"] == 20
+    # a baseline error (a refused request, a crashed scorer) measured nothing: tied, never improved (QA)
+    e = result.evidence
+    assert (e["improved"], e["regressed"], e["tied"], e["baseline_accuracy"]) == (10, 0, 10, 0.0)
+    assert e["exact_sign_test_p_value"] == pytest.approx(2 / 2**10)
+    assert result.decision == "promoted" and "10 baseline errors counted as ties" in result.reason
     assert result.evidence["baseline_adapter"] is None  # the base model
+    # a baseline that only errored is no evidence at all for the candidate
+    errors = {key: ExampleOutcome("error", "request refused") for key in base}
+    alone = paired_wilson_v1(baseline=GateArm(None, "s", "h", "g", errors), candidate=GateArm("c", "s", "h", "g", cand),
+                             eval_job_id="j", min_accuracy=0.8)
+    assert alone.decision == "inconclusive" and alone.evidence["improved"] == 0 and alone.evidence["tied"] == 20
+    # a candidate error still counts against the candidate: regressed where the baseline passed
+    passes = {key: ExampleOutcome("pass", "") for key in base}
+    worse = paired_wilson_v1(baseline=GateArm(None, "s", "h", "g", passes), candidate=GateArm("c", "s", "h", "g", errors),
+                             eval_job_id="j", min_accuracy=0.8)
+    assert worse.decision == "regression" and worse.evidence["regressed"] == 20
 
 
 def test_base_label_and_candidate_name_override():
