@@ -108,7 +108,7 @@ def run_canary(*, name: str, actor=None, job=None, allow_quarantined: bool = Fal
         quarantine(name=name, canary=record, actor=actor, job=job)
         raise KilnError("adapter_load_failed", f"adapter {name!r} failed its serving canary and is quarantined: "
                         + "; ".join(record["reasons"]), status=500,
-                        hint="its record is in GET /v1/adapters/{name}/detail (canary); the previous adapter "
+                        hint=f"its record is in GET /v1/adapters/{name}/detail (canary); the previous adapter "
                              "stays active")
     return record
 

@@ -6,6 +6,7 @@ Web-facing: no torch, no gpu_runtime."""
 from __future__ import annotations
 
 from ninja import Router, Schema
+from pydantic import ConfigDict
 
 from adapters import promotions
 from adapters.models import PromotionState
@@ -16,11 +17,16 @@ router = Router(tags=["promotions"])
 
 
 class PromotionRequest(Schema):
+    # an unknown key is refused, not dropped: a typo such as "reasn" lost the reason (QA)
+    model_config = ConfigDict(extra="forbid")
+
     candidate: str
     reason: str = ""
 
 
 class DecisionRequest(Schema):
+    model_config = ConfigDict(extra="forbid")
+
     reason: str = ""
 
 

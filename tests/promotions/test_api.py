@@ -160,3 +160,13 @@ def test_the_promotion_settings_load_from_toml_and_environment(tmp_path, monkeyp
     (tmp_path / "kiln.toml").write_text('[promotion]\nrequire_approval = "yes"\n')
     with pytest.raises(ConfigError):
         load_config({"KILN_HOME": str(tmp_path)})
+
+
+def test_an_unknown_key_is_refused_not_dropped(team):
+    """QA: {"candidate": ..., "reasn": ...} created a promotion without its reason."""
+    refused = send(team["requester"], "/v1/promotions", {"candidate": "cand", "reasn": "round two"})
+    assert refused.status_code == 422 and "reasn" in json.dumps(refused.json()["error"])
+    assert team["reviewer"].get("/v1/promotions").json() == []  # nothing recorded
+    pid = send(team["requester"], "/v1/promotions", {"candidate": "cand", "reason": "round two"}).json()["id"]
+    typo = send(team["reviewer"], f"/v1/promotions/{pid}/approve", {"reason": "ok", "overide": True})
+    assert typo.status_code == 422 and team["reviewer"].get(f"/v1/promotions/{pid}").json()["state"] == "pending"
