@@ -43,6 +43,10 @@ from evaluations.suites import SUITE_SCHEMA, SuiteError, parse_suite, suite_hash
 ROUTES = {"run": "/v1/eval/run", "compare": "/v1/eval/compare"}
 
 
+_NOT_COMPLETED_HINT = ("wait for a queued or running job to complete (GET /v1/eval/jobs/{id}); a failed or cancelled "
+                       "job has no results: run the evaluation again (POST /v1/eval/run, `kiln eval run`)")
+
+
 def invalid(message: str, field: str, hint: str = "") -> KilnError:
     return KilnError("eval_invalid_request", f"{field}: {message}", status=400, field=field, hint=hint)
 
@@ -238,7 +242,8 @@ def eval_rerun(*, job, body: dict, user=None):
     if unknown:
         raise invalid("is not a field of this request (known: adapter, outcome_kinds, include_pass, seed)", unknown[0])
     if job.state != JobState.COMPLETED:
-        raise invalid(f"job {job.uuid} is {job.state}; only a completed eval job can be rerun", "job")
+        raise invalid(f"job {job.uuid} is {job.state}; only a completed eval job can be rerun", "job",
+                      _NOT_COMPLETED_HINT)
     source = EvalJobPayload.of(job)
     try:
         kinds = rerun_kinds(body.get("outcome_kinds"), body.get("include_pass", False))
@@ -276,7 +281,8 @@ def eval_replay(*, job, user=None):
     from evaluations.eval_selectors import eval_records
 
     if job.state != JobState.COMPLETED:
-        raise invalid(f"job {job.uuid} is {job.state}; only a completed eval job can be replayed", "job")
+        raise invalid(f"job {job.uuid} is {job.state}; only a completed eval job can be replayed", "job",
+                      _NOT_COMPLETED_HINT)
     source = EvalJobPayload.of(job)
     _check_evidence(job)
     if eval_records(job=job) is None:
