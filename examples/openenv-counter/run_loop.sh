@@ -8,7 +8,7 @@
 #   KILN             how to run the CLI (default `kiln`; e.g. "python -m kiln_project.cli.main")
 #   ENV_URL          the environment (default http://127.0.0.1:8990)
 #   ADAPTER          the adapter to train (default counter-agent); every run needs a new name
-#   GROUPS           training seed groups of 8 episodes (default 64)
+#   TRAIN_GROUPS     training seed groups of 8 episodes (default 64; not GROUPS, which bash sets to your group ids)
 #   EVAL_GROUPS      held-out seed groups of 4 episodes per side (default 80; the gate needs >= 20)
 #   MIN_IMPROVEMENT  the gate's least mean-return improvement (default 0.1)
 #   TRAINING_CONFIG  a GrpoConfig JSON file (default training-config.json here: AdamW 3e-4, seed 3)
@@ -30,7 +30,7 @@ mkdir -p "$out"
 # |target| - |target - delta|, which the tiny demo model learns in one CPU round. Thinking is off: the
 # tiny model's reasoning is noise. A real model can take the environment's own defaults.
 "${kiln[@]}" openenv train --environment "$env_url" --output-adapter "$adapter" \
-  --groups "${GROUPS:-64}" --group-size 8 --seed-start 0 --max-steps 1 --max-action-tokens 32 \
+  --groups "${TRAIN_GROUPS:-64}" --group-size 8 --seed-start 0 --max-steps 1 --max-action-tokens 32 \
   --concurrency 16 --thinking false --lora-rank 8 \
   --training-config "${TRAINING_CONFIG:-$here/training-config.json}" --reset-options "$here/reset.json" \
   --eval-groups "${EVAL_GROUPS:-80}" --eval-group-size 4 --gate --gate-min-mean-improvement "${MIN_IMPROVEMENT:-0.1}" \

@@ -87,7 +87,7 @@ def _train(stack, token, server, work: Path, *, name: str, config: dict, env: di
     done = stack.run(
         ["bash", str(EXAMPLE / "run_loop.sh")],
         env={"KILN": f"{sys.executable} -m kiln_project.cli.main", "KILN_URL": stack.url, "KILN_API_TOKEN": token,
-             "ENV_URL": server.url, "ADAPTER": name, "GROUPS": str(GROUPS), "EVAL_GROUPS": str(EVAL_GROUPS),
+             "ENV_URL": server.url, "ADAPTER": name, "TRAIN_GROUPS": str(GROUPS), "EVAL_GROUPS": str(EVAL_GROUPS),
              "TRAINING_CONFIG": str(config_file), "OUT": str(work), **(env or {})},
         timeout=1200, check=False)
     return done.returncode, done.stdout + done.stderr

@@ -44,3 +44,18 @@ def test_serve_env_serves_the_counter_from_the_repository_root(tmp_path):
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(15)
     assert "creating" not in log.read_text()  # the cached environment was reused, not rebuilt
+
+
+def test_run_loop_defaults_reach_the_commands_it_runs(tmp_path):
+    """QA: the script read ${GROUPS:-64}, but bash sets GROUPS to the user's group ids, so the default
+    never applied (--groups 0 as root, 1000 for a user). KILN=echo prints the commands instead."""
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("TRAIN_GROUPS", "EVAL_GROUPS", "ADAPTER", "ENV_URL", "POST_EVAL_SUITE")}
+    done = subprocess.run(["bash", str(SCRIPT.with_name("run_loop.sh"))], env={**environment, "KILN": "echo",
+                          "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=30, check=True)
+    train = next(line for line in done.stdout.splitlines() if line.startswith("openenv train "))
+    assert " --groups 64 " in train and " --eval-groups 80 " in train and " --output-adapter counter-agent " in train
+    custom = subprocess.run(["bash", str(SCRIPT.with_name("run_loop.sh"))], env={**environment, "KILN": "echo",
+                            "OUT": str(tmp_path), "TRAIN_GROUPS": "12"}, capture_output=True, text=True, timeout=30,
+                            check=True)
+    assert " --groups 12 " in custom.stdout
