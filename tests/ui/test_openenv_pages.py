@@ -389,7 +389,7 @@ def test_a_train_runs_card_shows_contract_trainer_and_gate_when_the_status_has_t
     for text in ("environment_evaluating", "kiln.openenv-training-contract.v1", "counter-agent",
                  "no_importance_correction", f'href="/ui/jobs/{job_id}/"', "run-trainer-state\">completed",
                  "loss <span class=\"mono\">0.0423</span>", "math-heldout", "0.725", "promoted",
-                 "p = <span class=\"mono run-gate-p\">0.0001449584960937</span>", "(α 0.05)",
+                 "p = <span class=\"mono run-gate-p\" title=\"\">0.000144958</span>", "(α 0.05)",
                  "17 improved, 1 regressed, 2 tied", "of 20 paired groups", "passed",
                  "no_reward_gradient_group_skipped", "Baseline return", "1.9", SHA[:23],
                  "7</span> groups, <span class=\"mono\">28</span> rollouts submitted",
