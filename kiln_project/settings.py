@@ -98,12 +98,14 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "kiln_project.ui.form_actions.FormActionGetMiddleware",  # a reloaded form action: back to its page
+    "core.accounts.login_throttle.LoginAddressThrottleMiddleware",  # wrong logins per address, any account
     "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login
 ]
 
 # Login throttling (django-axes): after 10 wrong passwords for one account, logins to it are refused
-# with 429 for 15 minutes, from any address. Not per client address: behind the reverse proxy
-# docs/deploy.md recommends every user shares one, and ten typos would lock the whole team out (QA).
+# with 429 for 15 minutes, from any address. Not per client address here: behind the reverse proxy
+# docs/deploy.md recommends every user shares one, and ten typos would lock the whole team out (QA);
+# guessing across accounts from one address has its own, higher limit (core.accounts.login_throttle).
 # API tokens: core.accounts.auth.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 AXES_FAILURE_LIMIT = 10

@@ -316,6 +316,31 @@ def test_password_guessing_on_the_login_page_is_throttled(client):
     assert colleague.status_code == 302
 
 
+def test_password_spraying_from_one_address_is_throttled_across_accounts(client):
+    """QA: 25 wrong logins to 25 different accounts from one address were never refused (axes counts
+    per account); past the per-address limit every login from there is refused, other addresses not."""
+    from django.core.cache import cache
+
+    from core.accounts.login_throttle import LOGIN_ADDRESS_LIMIT
+
+    cache.clear()
+    user_create(username="sprayed", password="the-right-password")
+    for attempt in range(LOGIN_ADDRESS_LIMIT):
+        page = client.post("/ui/login/", {"username": f"user{attempt}", "password": "Summer2026"},
+                           REMOTE_ADDR="10.2.2.2")
+        assert page.status_code == 200, attempt  # the form again: a wrong password, not yet a lock
+    refused = client.post("/ui/login/", {"username": "sprayed", "password": "the-right-password"},
+                          REMOTE_ADDR="10.2.2.2")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) == 900
+    assert "Too many wrong logins from this address" in refused.content.decode()
+    assert client.post("/admin/login/", {"username": "sprayed", "password": "the-right-password"},
+                       REMOTE_ADDR="10.2.2.2").status_code == 429
+    # another address, and the account itself, are not locked
+    assert client.post("/ui/login/", {"username": "sprayed", "password": "the-right-password"},
+                       REMOTE_ADDR="10.3.3.3").status_code == 302
+    cache.clear()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_broker_that_does_not_answer_is_a_503_not_a_500(api, monkeypatch, stream):
     """Redis refusing or timing out under a route (here: sending the chat completion to the GPU
