@@ -458,10 +458,14 @@ def _allowed_hosts(env: dict, server_toml: dict) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*configured, *extra]))
 
 
+SYSTEM_FOLDERS = frozenset(Path(p) for p in ("/", "/etc", "/usr", "/var", "/bin", "/sbin", "/lib", "/lib64", "/boot",
+                                              "/dev", "/proc", "/sys", "/run"))
+
+
 def _extra_dataset_roots(env: dict, training_toml: dict, config_file: Path | None) -> tuple[Path, ...]:
     """The folder `kiln serve` was started in (KILN_LAUNCH_DIR, which serve passes to its children,
-    else this process's working folder), then the configured roots; relative entries in kiln.toml
-    are relative to that file's folder."""
+    else this process's working folder) unless it is / or a system folder (SYSTEM_FOLDERS), then the
+    configured roots; relative entries in kiln.toml are relative to that file's folder."""
     launch = Path(env.get("KILN_LAUNCH_DIR") or os.getcwd())
     configured = training_toml.get("dataset_roots", [])
     if not isinstance(configured, list) or not all(isinstance(item, str) for item in configured):
@@ -470,7 +474,10 @@ def _extra_dataset_roots(env: dict, training_toml: dict, config_file: Path | Non
     extra = [("[training] dataset_roots", base / Path(item).expanduser()) for item in configured]
     extra += [("KILN_DATASET_ROOTS", Path(item.strip()).expanduser())
               for item in env.get("KILN_DATASET_ROOTS", "").split(":") if item.strip()]
-    roots: list[Path] = [Path(os.path.realpath(launch))]
+    started_in = Path(os.path.realpath(launch))
+    # Started in / (systemd's default working folder) or a system folder, the launch folder would open
+    # every file there (/etc/shadow's existence, say) to a server-side path: only a setting adds those.
+    roots: list[Path] = [] if started_in in SYSTEM_FOLDERS else [started_in]
     for where, root in extra:
         resolved = Path(os.path.realpath(root))
         if not resolved.is_dir():

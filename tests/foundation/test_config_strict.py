@@ -193,6 +193,19 @@ def test_a_dataset_root_that_does_not_exist_is_refused_by_name(tmp_path, monkeyp
     assert config.extra_dataset_roots == (tmp_path / "no-toml", tmp_path)
 
 
+@pytest.mark.parametrize("started_in", ["/", "/etc"])
+def test_a_server_started_in_a_system_folder_does_not_open_it(tmp_path, started_in):
+    """QA: `kiln serve` from / (systemd's default working folder) made every file a dataset root."""
+    config = load_config({"KILN_HOME": str(tmp_path / "home"), "KILN_LAUNCH_DIR": started_in})
+    assert Path(started_in) not in config.dataset_roots
+    # a setting still adds any folder, and a folder of one's own is a root as before
+    config = load_config({"KILN_HOME": str(tmp_path / "home"), "KILN_LAUNCH_DIR": started_in,
+                          "KILN_DATASET_ROOTS": str(tmp_path)})
+    assert tmp_path in config.dataset_roots and Path(started_in) not in config.dataset_roots
+    own = load_config({"KILN_HOME": str(tmp_path / "home"), "KILN_LAUNCH_DIR": str(tmp_path)})
+    assert own.extra_dataset_roots == (tmp_path,)
+
+
 @pytest.mark.parametrize("toml, env, words", [
     ("[server]\nport = 0\n", {"KILN_PORT": "8537"}, "[server] port"),
     ("[server]\nport = 8533.7\n", {"KILN_PORT": "8537"}, "[server] port"),
