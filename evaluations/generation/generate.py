@@ -75,8 +75,25 @@ class ScoredRollout:
     mechanism: str
 
 
+# Every body is rendered up front, so the plan is bounded before any is: --seeds 100000000 once grew
+# past 4 GB without a word (QA). A GRPO group is a task's completions; 1,024 is far past any useful one.
+MAX_SEEDS_PER_TASK = 1024
+MAX_PLANNED_REQUESTS = 200_000
+
+
+def check_plan_size(task_count: int, seed_count: int) -> None:
+    if seed_count > MAX_SEEDS_PER_TASK:
+        raise RolloutError("invalid_argument", f"--seeds {seed_count} is more than {MAX_SEEDS_PER_TASK} completions "
+                           "per task", hint="a GRPO group of 4-64 completions is usual; the guide uses --seeds 8")
+    if task_count * seed_count > MAX_PLANNED_REQUESTS:
+        raise RolloutError("invalid_argument", f"{task_count} tasks x {seed_count} seeds is {task_count * seed_count} "
+                           f"requests, more than {MAX_PLANNED_REQUESTS} in one run",
+                           hint="split the tasks file and run the command once per part")
+
+
 def plan_requests(template: dict, tasks: list[Task], seeds: list[int], options: RenderOptions) -> list[PlannedRequest]:
     """Render every body up front; a group shares one prompt, so messages may not vary with the seed."""
+    check_plan_size(len(tasks), len(seeds))
     planned = []
     for task in tasks:
         messages = None

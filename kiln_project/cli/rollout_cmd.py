@@ -26,7 +26,7 @@ from core.canonical import sha256_digest
 from core.contracts.sampling import MAX_SEED
 from evaluations.generation.corpus import build_groups, build_summary, corpus_bytes
 from evaluations.generation.errors import RolloutError
-from evaluations.generation.generate import ResendPolicy, plan_requests, run_requests
+from evaluations.generation.generate import ResendPolicy, check_plan_size, plan_requests, run_requests
 from evaluations.generation.publish import check_not_inputs, check_targets, publish_together
 from evaluations.generation.template import RenderOptions, load_tasks, load_template, template_warnings
 from evaluations.generation.validation import check_consistency
@@ -157,6 +157,7 @@ def generate(args) -> dict:
     options.check_budgets()
     if args.seed_start < 0 or args.seed_start + args.seeds - 1 > MAX_SEED:
         raise RolloutError("invalid_argument", f"seeds must lie within 0..{MAX_SEED}")
+    check_plan_size(0, args.seeds)  # before the tasks are even read
     output, summary_path = check_targets([args.output, args.summary_output])
     check_not_inputs({"--output": output, "--summary-output": summary_path},
                      {"--tasks": args.tasks, "--request-template": args.request_template, "--scorer": args.scorer})

@@ -168,6 +168,23 @@ def test_refusals_happen_before_any_request(workdir, capsys):
     assert FakeClient.server.bodies == []
 
 
+def test_a_plan_too_large_is_refused_before_anything_is_read_or_rendered(workdir, capsys, monkeypatch):
+    """QA: --seeds 100000000 rendered every body up front and grew past 4 GB without a word."""
+    from evaluations.generation import generate
+
+    args = argv(workdir)
+    seeds = args.index("--seeds") + 1
+    args[seeds] = "100000000"
+    assert cli_main.main(args) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: invalid_argument: --seeds 100000000 is more than 1024 completions per task")
+    assert len(error.splitlines()) == 1 and FakeClient.server.bodies == []
+    monkeypatch.setattr(generate, "MAX_PLANNED_REQUESTS", 10)  # 3 tasks x 4 seeds = 12
+    assert cli_main.main(argv(workdir)) == 1
+    assert "3 tasks x 4 seeds is 12 requests, more than 10 in one run" in capsys.readouterr().err
+    assert FakeClient.server.bodies == [] and not (workdir / "r.rollouts.jsonl").exists()
+
+
 def test_the_command_module_stays_light():
     code = ("import sys, kiln_project.cli.main, kiln_project.cli.rollout_cmd;"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'django', 'peft')))")
