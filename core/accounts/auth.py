@@ -1,7 +1,7 @@
 """How /v1/ requests authenticate: a Bearer token, or the browser session with CSRF.
 
 Anonymous API access exists only when KILN_ALLOW_ANONYMOUS_API is on (off by default) and the
-request comes from a loopback address.
+request comes from a loopback address, naming this machine as its Host (not a rebound page name).
 """
 
 from __future__ import annotations
@@ -109,7 +109,29 @@ def api_auth(request):
 
 
 def _anonymous_allowed(request) -> bool:
-    return settings.KILN.allow_anonymous_api and _is_loopback(request) and not _from_a_web_page(request)
+    return settings.KILN.allow_anonymous_api and _is_loopback(request) and _named_for_this_machine(request) \
+        and not _from_a_web_page(request)
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def _named_for_this_machine(request) -> bool:
+    """Whether the Host a request names is this machine's loopback (or a host the operator configured).
+    A page whose own name was rebound to 127.0.0.1 (DNS rebinding) reaches the loopback socket, but it
+    sends its own name as Host (QA: `Host: evil.example` was answered like curl)."""
+    from django.http.request import split_domain_port, validate_host
+
+    host = request.META.get("HTTP_HOST")
+    if host is None:
+        return True  # no name at all (HTTP/1.0): no page's name either
+    domain, _ = split_domain_port(host)
+    if validate_host(domain, [*LOOPBACK_NAMES, *settings.KILN.allowed_hosts]):
+        return True
+    try:
+        return ipaddress.ip_address(domain.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _from_a_web_page(request) -> bool:
