@@ -22,7 +22,7 @@ def _get_or_404(job_id: str):
     return job
 
 
-@router.get("", response=list[JobOut], summary="List jobs, newest first")
+@router.get("", response=list[JobOut], summary="List jobs, newest first (scalar metrics; one job has its histories)")
 def list_jobs(request, kind: str | None = None, state: str | None = None, limit: int = 100):
     if state and state not in JobState.values:
         raise KilnError("invalid_state", f"state must be one of {', '.join(JobState.values)}", status=400)
@@ -33,7 +33,7 @@ def list_jobs(request, kind: str | None = None, state: str | None = None, limit:
     if not 1 <= limit <= 1000:
         raise KilnError("invalid_limit", "limit must be between 1 and 1000", status=400)
     jobs = selectors.job_list(kind=kind, state=state, limit=limit).select_related("submitted_by")
-    return [job_out(job, position=selectors.job_queue_position(job=job)) for job in jobs]
+    return [job_out(job, position=selectors.job_queue_position(job=job), listed=True) for job in jobs]
 
 
 DETAIL_EVENTS = 50

@@ -47,7 +47,13 @@ class JobEventsPage(Schema):
     next_before: int | None  # pass as ?before= for the page of older events; null on the first page
 
 
-def job_out(job, *, position: int | None = None) -> dict:
+def listed_metrics(metrics: dict) -> dict:
+    """A list row's metrics: the scalars (step, loss, reward_mean, ...), not the per-step histories,
+    which made one row of a long training about 150 KB (QA); GET /v1/jobs/{id} has them whole."""
+    return {key: value for key, value in (metrics or {}).items() if not isinstance(value, list)}
+
+
+def job_out(job, *, position: int | None = None, listed: bool = False) -> dict:
     return {
         "id": str(job.uuid),
         "kind": job.kind,
@@ -56,7 +62,7 @@ def job_out(job, *, position: int | None = None) -> dict:
         "title": job.title,
         "progress": job.progress,
         "progress_message": job.progress_message,
-        "metrics": job.metrics,
+        "metrics": listed_metrics(job.metrics) if listed else job.metrics,
         "result": job.result,
         "error": job_error(job),
         "cancel_requested": job.cancel_requested,
