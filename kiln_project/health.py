@@ -95,6 +95,15 @@ def public_view(body: dict) -> dict:
     return out
 
 
+def _silent_worker_note(queue: str) -> str | None:
+    from core.jobs.selectors import silent_worker_note
+
+    try:
+        return silent_worker_note(queue)
+    except Exception:  # noqa: BLE001 - the database check reports the cause
+        return None
+
+
 def health_report() -> tuple[int, dict]:
     database = check_database()
     broker = check_broker()
@@ -110,7 +119,9 @@ def health_report() -> tuple[int, dict]:
     if not model["loadable"]:
         reasons.append(model["reason"])
     if "gpu" not in workers["queues_served"]:
-        reasons.append("no GPU worker is running (kiln serve starts one; or kiln worker --queues gpu,infer)")
+        silent = _silent_worker_note("gpu") if database["ok"] else None
+        reasons.append(f"no GPU worker is serving: {silent}" if silent else
+                       "no GPU worker is running (kiln serve starts one; or kiln worker --queues gpu,infer)")
     if "gpu" in workers["queues_served"] and not (worker_model and worker_model.get("loaded")):
         if worker_model and worker_model.get("error"):
             reasons.append(f"the GPU worker could not load the model: {worker_model['error']}")

@@ -7,7 +7,7 @@ from pathlib import Path
 from django.conf import settings
 
 from core.errors import KilnError, clip
-from core.jobs.selectors import workers_alive
+from core.jobs.selectors import silent_worker_note, workers_alive
 
 
 def _inference_workers():
@@ -18,6 +18,11 @@ def require_inference_ready() -> None:
     """503 with a stable code unless a live GPU worker has the model loaded."""
     workers = _inference_workers()
     if not workers:
+        silent = silent_worker_note("infer")
+        if silent:
+            raise KilnError("inference_unavailable", f"no GPU worker is serving the infer queue: {silent}", status=503,
+                            hint="free disk space if it is full (the worker reports again by itself), else restart "
+                                 "kiln serve")
         raise KilnError("inference_unavailable", "no GPU worker is serving the infer queue", status=503,
                         hint="kiln serve starts one; or run: kiln worker --queues gpu,infer")
     models = [w.status.get("model") or {} for w in workers]

@@ -33,3 +33,12 @@ def worker_is_dead(heartbeat, now=None) -> bool:
     if (now - heartbeat.last_seen).total_seconds() > STALE_AFTER_SECONDS:
         return True
     return heartbeat.hostname == socket.gethostname() and not _pid_alive(heartbeat.pid)
+
+
+def silent_but_running(heartbeat, now=None) -> bool:
+    """A worker of this host whose process runs but whose heartbeat stopped: hung, or unable to record
+    it (a full disk refuses every database write). Dead to the queues all the same."""
+    if heartbeat is None or heartbeat.stopped or heartbeat.hostname != socket.gethostname():
+        return False
+    now = now or timezone.now()
+    return (now - heartbeat.last_seen).total_seconds() > STALE_AFTER_SECONDS and _pid_alive(heartbeat.pid)

@@ -76,6 +76,20 @@ def workers_alive() -> list[WorkerHeartbeat]:
     return [row for row in rows if not worker_is_dead(row, now)]
 
 
+def silent_worker_note(queue: str) -> str | None:
+    """Why no live worker serves `queue` when one of this host's still runs: its heartbeat stopped (a
+    hung process, or a full disk that refuses the database's writes). None when no such worker."""
+    from core.jobs.liveness import silent_but_running
+
+    now = timezone.now()
+    for row in WorkerHeartbeat.objects.filter(stopped=False).order_by("-last_seen")[:8]:
+        if queue in (row.queues or []) and silent_but_running(row, now):
+            quiet = int((now - row.last_seen).total_seconds())
+            return (f"its worker (pid {row.pid}) still runs but has not reported for {quiet} s: it is hung, or cannot "
+                    "write to the database (is the disk full? df -h on KILN_HOME's disk)")
+    return None
+
+
 def job_counts() -> dict[str, int]:
     counts = {state: 0 for state in JobState.values}
     for row in Job.objects.filter(deleted_at__isnull=True).values("state").annotate(n=Count("id")):

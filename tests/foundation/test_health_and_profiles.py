@@ -100,3 +100,33 @@ def test_health_without_credentials_gives_status_fields_only(client, monkeypatch
     full = client.get("/health", HTTP_AUTHORIZATION=f"Bearer {token_create(username='ops')[1]}").json()
     assert full["broker"]["url"] == "unix:///secret/redis.sock" and "workers" in full["workers"]
     assert "reason" in full["training_backend"]
+
+
+def test_a_worker_that_runs_but_stopped_reporting_is_named_not_called_missing(admin_client, monkeypatch):
+    """QA: with KILN_HOME's disk full the GPU worker could not write its heartbeat, and /health and
+    chat completions said no worker was running and to start one."""
+    import os
+    import socket
+
+    from django.utils import timezone
+
+    from adapters.serving.selectors import require_inference_ready
+    from core.jobs.models import WorkerHeartbeat
+    from kiln_project import health
+
+    monkeypatch.setattr(health, "check_broker", lambda: {"ok": True, "url": "x"})
+    never = admin_client.get("/health").json()["training_backend"]["reason"]
+    assert "no GPU worker is running" in never
+    quiet_since = timezone.now() - timezone.timedelta(seconds=95)
+    WorkerHeartbeat.objects.create(worker_id="gpu-1", hostname=socket.gethostname(), pid=os.getpid(),
+                                   queues=["gpu", "infer"], started_at=quiet_since, last_seen=quiet_since)
+    reason = admin_client.get("/health").json()["training_backend"]["reason"]
+    assert f"its worker (pid {os.getpid()}) still runs but has not reported for 9" in reason
+    assert "is the disk full?" in reason and "kiln serve starts one" not in reason
+    with pytest.raises(KilnError) as raised:
+        require_inference_ready()
+    assert raised.value.code == "inference_unavailable" and "has not reported" in raised.value.message
+    assert "free disk space" in raised.value.hint
+    # a worker whose process is gone is simply not running
+    WorkerHeartbeat.objects.filter(worker_id="gpu-1").update(pid=2**22 + 17)
+    assert "no GPU worker is running" in admin_client.get("/health").json()["training_backend"]["reason"]
