@@ -111,8 +111,8 @@ def _train(client: KilnClient, args) -> int:
             print(f"adapter   {training['adapter_name']} (training job {training['job_id']}; receipt: kiln openenv "
                   f"artifact {final['run_id']} train_receipt --output train_receipt.json)")
             if final["state"] != "completed":  # published before the run failed; auto_load may have made it serve
-                print(f"          published before the run ended {final['state']}: kiln adapters list shows "
-                      "whether it serves")
+                how = "was cancelled" if final["state"] == "cancelled" else final["state"]
+                print(f"          it was published before the run {how}; kiln adapters list shows whether it serves")
         elif final["state"] == "completed" and final.get("error"):
             print(f"reason    {final['error']}")
         verdict = (final.get("environment_evaluation") or {}).get("verdict")
@@ -143,7 +143,8 @@ def add_parsers(sub, common) -> None:
                           help="dataset, replay, summary; train_receipt, adapter_manifest; an environment eval's "
                                "environment_eval_{baseline,candidate}_{dataset,replay,summary} and "
                                "environment_eval_receipt (`kiln openenv status RUN` lists a run's)")
-    artifact.add_argument("--output", type=Path, required=True, metavar="F")
+    artifact.add_argument("--output", type=Path, required=True, metavar="F",
+                          help="the file to write (published once its SHA-256 checks), or - for standard output")
     artifact.add_argument("--force", action="store_true", help="replace an existing output file")
     cancel = sub.add_parser("cancel", parents=[common], help="cancel a run at the next boundary of its phase")
     cancel.add_argument("run_id", metavar="RUN")
@@ -322,8 +323,26 @@ def download_artifact(client: KilnClient, run_id: str, kind: str, output: Path) 
     return source, actual, size
 
 
+def _artifact_to_stdout(client: KilnClient, args) -> int:
+    """`--output -`: the artifact on standard output, written only once its bytes are checked (so a
+    short or altered transfer writes nothing); the report goes to standard error."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kiln-artifact-") as folder:
+        staged = Path(folder) / "artifact"
+        source, actual, size = download_artifact(client, args.run_id, args.kind, staged)
+        with open(staged, "rb") as fh:
+            shutil.copyfileobj(fh, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+    print(f"wrote {size} bytes to standard output ({actual}, from {source})", file=sys.stderr)
+    return 0
+
+
 def _artifact(client: KilnClient, args) -> int:
     output = args.output
+    if str(output) == "-":  # the usual spelling of standard output (QA: it wrote a file named "-")
+        return _artifact_to_stdout(client, args)
     check_output_path(output)  # a folder or a device is refused as such, before --force is suggested
     if (output.exists() or output.is_symlink()) and not args.force:
         raise CliError("openenv_artifact_output_exists", f"{output} exists", "pass --force to replace it")

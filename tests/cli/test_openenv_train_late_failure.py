@@ -62,7 +62,7 @@ def test_a_run_failing_after_publication_still_hands_over_its_episodes_warnings_
     assert f"episodes  {tmp_path / 'e.jsonl'} ({_digest(BODIES['dataset'])})" in out
     assert "warning   26 of 32 episodes ended at an action Kiln refused" in out
     assert "adapter   wordle-kill (training job job-1;" in out
-    assert "published before the run ended failed: kiln adapters list shows whether it serves" in out
+    assert "it was published before the run failed; kiln adapters list shows whether it serves" in out
 
 
 def test_a_run_failing_before_publication_copies_nothing_and_names_no_adapter(monkeypatch, capsys, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import types
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,11 @@ def test_start_follow_status_runs_and_artifact(cli, home, counter, policies, tmp
                       "source_url": f"/v1/openenv/runs/{run_id}/artifacts/dataset", "output_path": str(output),
                       "sha256": "sha256:" + hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     assert data == (home / "adapters" / ".openenv" / "runs" / run_id / "rollouts.jsonl").read_bytes()
+    # --output - is standard output (QA: it wrote a file named "-"), the report on standard error
+    assert cli.run("artifact", run_id, "dataset", "--output", "-") == 0
+    streamed = capsys.readouterr()
+    assert streamed.out.encode() == data and f"wrote {len(data)} bytes to standard output" in streamed.err
+    assert not (Path.cwd() / "-").exists()
     # An existing output needs --force; a tampered artifact is refused with the server's code.
     assert cli.run("artifact", run_id, "dataset", "--output", str(output)) == 1
     assert "error: openenv_artifact_output_exists" in capsys.readouterr().err
