@@ -25,6 +25,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from core.canonical import json_digest
+from core.contracts.groups import MAX_REWARD_MAGNITUDE, REWARD_RANGE
 from openenv.client.errors import ActionError, OpenEnvActionSchemaInvalid, OpenEnvInvalidReward
 from openenv.client.http import JsonError, strict_json
 
@@ -170,10 +171,20 @@ def reward_value(wire: Any) -> float:
     if wire is True:
         return 1.0
     if isinstance(wire, (int, float)):
-        value = float(wire)
+        value = float(wire) if abs(wire) <= MAX_REWARD_MAGNITUDE else math.inf  # float(10**400) raises
         if math.isfinite(value):
             return value
+        if not isinstance(wire, float) or math.isfinite(wire):  # a finite number past what training takes
+            raise OpenEnvInvalidReward(f"the reward {_short(wire)} is out of range: it must be {REWARD_RANGE}",
+                                       hint="scale the environment's rewards; Kiln trains on rewards of at most "
+                                            "2**53 in size, and checks every step's")
     raise OpenEnvInvalidReward(f"the reward must be null, a boolean or a finite number, not {type(wire).__name__}")
+
+
+def _short(number) -> str:
+    if isinstance(number, float) or abs(number) < 10**300:
+        return f"{float(number):.3g}"
+    return f"of {len(str(abs(number)))} digits"  # an integer too large for a float
 
 
 def episode_return(step_rewards: Iterable[Any]) -> float:
@@ -183,6 +194,8 @@ def episode_return(step_rewards: Iterable[Any]) -> float:
         total += reward_value(reward)
     if not math.isfinite(total):
         raise OpenEnvInvalidReward("the episode return is not finite")
+    if abs(total) > MAX_REWARD_MAGNITUDE:
+        raise OpenEnvInvalidReward(f"the episode return {total:.3g} is out of range: it must be {REWARD_RANGE}")
     return total
 
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.contracts.groups import MAX_REWARD_MAGNITUDE, REWARD_RANGE
 from openenv.client.actions import generation_seed, parse_and_validate_action, reward_value
 from openenv.client.errors import ActionError, OpenEnvProtocolError
 from openenv.client.frames import ErrorFrame, Observation
@@ -74,6 +75,9 @@ def sum_contributions(contributions: list[float]) -> float:
         total += value
     if not math.isfinite(total):
         raise CollectionError("openenv_invalid_reward", "the episode return is not finite")
+    if abs(total) > MAX_REWARD_MAGNITUDE:  # what the corpus checker would refuse after every episode ran
+        raise CollectionError("openenv_invalid_reward", f"the episode return {total:.3g} is out of range: it must "
+                              f"be {REWARD_RANGE}")
     return total
 
 

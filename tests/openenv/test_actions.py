@@ -138,12 +138,27 @@ def test_rewards_that_are_not_finite_scalars_are_refused(wire):
         reward_value(wire)
 
 
+@pytest.mark.parametrize("wire, said", [(1e300, "1e+300"), (-1e16, "-1e+16"), (2**53 + 2, "9.01e+15"),
+                                        (10**400, "of 401 digits")])
+def test_a_finite_reward_past_what_training_takes_is_refused_at_its_step(wire, said):
+    """QA: 1e300 was collected, then every episode's work was lost when publication refused the corpus
+    (training_evidence_invalid, 'not an OpenEnv server'); it is refused at the step it arrives in."""
+    with pytest.raises(OpenEnvInvalidReward) as raised:
+        reward_value(wire)
+    assert raised.value.message == f"the reward {said} is out of range: it must be finite and at most 2**53 " \
+        "(about 9.0e15) in size"
+    assert "scale the environment's rewards" in raised.value.hint
+    assert reward_value(2**53) == 2.0**53 and reward_value(-(2**53)) == -(2.0**53)  # the bound itself is taken
+
+
 def test_episode_return_sums_mapped_step_rewards_and_stays_finite():
     assert episode_return([2.9, -1.1, 11.9]) == pytest.approx(13.7)
     assert episode_return([None, True, False, 2]) == 3.0
     assert episode_return([]) == 0.0
     with pytest.raises(OpenEnvInvalidReward):
         episode_return([1.7e308, 1.7e308])
+    with pytest.raises(OpenEnvInvalidReward, match="the episode return 1.8e\\+16 is out of range"):
+        episode_return([9e15, 9e15])  # each step in range, their sum not
 
 
 # --- seeds and resets -----------------------------------------------------------------------------
