@@ -34,7 +34,8 @@ def test_the_walk_order_names_every_link():
     assert link_names() == [
         "adapter.row", "adapter.bytes", "training.job", "train_receipt.row", "train_receipt.file",
         "train_receipt.output", "adapter_manifest.file", "corpus.snapshot", "corpus.provenance", "base_adapter", "post_eval.job",
-        "post_eval.eval_results", "post_eval.gate_receipt", "post_eval.gate_decision", "activation", "promotion",
+        "post_eval.eval_results", "post_eval.gate_receipt", "post_eval.gate_decision", "environment_gate",
+        "environment_gate.activation", "activation", "promotion",
         "receipts.rows"]
 
 

@@ -82,7 +82,7 @@ def test_the_trained_chain_verifies_and_each_tamper_names_its_link(trained, api,
     assert served == json.loads(json.dumps(report.to_dict())) and served["ok"] is True
     assert run_verify(Namespace(name="chain-r001", json=False, url=None), client=ApiClient(api)) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("ok      adapter.row") and "all 17 links verify" in out[-1]
+    assert out[0].startswith("ok      adapter.row") and "all 19 links verify" in out[-1]
     folder = Path(trained.path)
 
     # (a) one byte of the weights

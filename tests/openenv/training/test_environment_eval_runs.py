@@ -172,6 +172,28 @@ def test_a_better_candidate_passes_the_gate_and_is_promoted(api, home, counter, 
     assert receipt["evidence"] == evidence and row.job_id == eval_job.id
     assert json.loads((folder.parent / "run.json").read_text())["environment_evaluation"]["outcome"] == "promoted"
 
+    # kiln adapters verify walks the environment gate too (QA: it said "no gate decided"): the receipt
+    # row, its published bytes, the side summaries and the decision recomputed from them, and the
+    # activation that gate queued
+    from adapters.verify import verify_adapter
+
+    report = verify_adapter("counter-agent")
+    assert report.ok, report.to_dict()
+    links = {link.link: link.detail for link in report.links}
+    assert f"receipt row {row.id} (run {run_id}): recomputed paired_return_sign_test_v1 gives promoted (20 improved" \
+        in links["environment_gate"]
+    assert links["environment_gate.activation"].startswith("1 activation(s) queued by a promoted environment gate")
+    summary = folder / "baseline" / "summary.json"
+    original = summary.read_bytes()
+    summary.write_bytes(original.replace(b'"mean_episode_return": 2', b'"mean_episode_return": 5', 1))
+    assert summary.read_bytes() != original
+    first = verify_adapter("counter-agent").first_broken
+    assert first.link == "environment_gate" and "baseline/summary.json hashes to" in first.detail
+    summary.write_bytes(original)
+    (folder / "receipt.json").write_bytes(receipt_bytes.replace(b'"promoted"', b'"kept"'))
+    first = verify_adapter("counter-agent").first_broken
+    assert first.link == "environment_gate" and "receipt.json is not receipt row" in first.detail
+
 
 def test_with_the_approval_policy_on_a_passed_gate_waits_for_a_person(api, home, counter, served, policies,
                                                                      eval_policies, settings,
@@ -207,6 +229,11 @@ def test_a_worse_candidate_is_rejected_and_never_served(api, home, counter, serv
     assert canary_worker.calls == []
     receipt = json.loads(download(api, run_id, "environment_eval_receipt"))
     assert receipt["outcome"] == "rejected" and receipt["evidence"]["decision"] == "rejected"
+    from adapters.verify import verify_adapter
+
+    report = verify_adapter("counter-agent")  # the rejection is recomputed too: a recorded fact, not a break
+    assert report.ok and "gives rejected (0 improved, 20 regressed" in \
+        {link.link: link.detail for link in report.links}["environment_gate"]
 
 
 def test_without_a_gate_the_evaluation_is_diagnostic(api, home, counter, served, policies, eval_policies,
