@@ -39,11 +39,18 @@ def _compare(group, candidate, step, field, expected, actual) -> dict | None:
     if json_equal(actual, expected):
         return None
     path = first_difference(actual, expected, field)
-    return _divergence(group, candidate, step, path, _pick(expected, path, field), _pick(actual, path, field))
+    was, now = _pick(expected, path, field), _pick(actual, path, field)
+    divergence = _divergence(group, candidate, step, path, None if was is ABSENT else was, None if now is ABSENT else now)
+    if ABSENT in (was, now):  # a field added or removed: say which side lacks it (null would read as a value)
+        divergence["absent"] = "expected" if was is ABSENT else "actual"
+    return divergence
+
+
+ABSENT = object()
 
 
 def _pick(value, path: str, root: str):
-    """The value at `path` (relative to `root`) for a short divergence report."""
+    """The value at `path` (relative to `root`) for a short divergence report; ABSENT where it has none."""
     import re
 
     for part in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path[len(root):]):
@@ -51,7 +58,7 @@ def _pick(value, path: str, root: str):
         try:
             value = value[key] if key else value[int(index)]
         except (KeyError, IndexError, TypeError):
-            return None
+            return ABSENT
     return value
 
 

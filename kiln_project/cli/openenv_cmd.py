@@ -433,8 +433,9 @@ def _replay(args) -> int:
     if report["outcome"] != "matched":
         d = report["divergence"]
         step = "reset" if d["step_index"] is None else f"step {d['step_index']}"
-        message = (f"group {d['group_index']} candidate {d['candidate_index']} {step}: {d['field']} was "
-                   f"{_clean(json.dumps(d['expected']))[:80]}, now {_clean(json.dumps(d['actual']))[:80]}")
+        was = "absent" if d.get("absent") == "expected" else _clean(json.dumps(d["expected"]))[:80]
+        now = "absent" if d.get("absent") == "actual" else _clean(json.dumps(d["actual"]))[:80]
+        message = f"group {d['group_index']} candidate {d['candidate_index']} {step}: {d['field']} was {was}, now {now}"
         if args.json:
             return 1
         raise CliError("openenv_replay_diverged", message, "the environment's dynamics changed since the collection")
