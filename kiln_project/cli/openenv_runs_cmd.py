@@ -115,7 +115,7 @@ def _train(client: KilnClient, args) -> int:
                 print(f"          it was published before the run {how}; kiln adapters list shows whether it serves")
         elif final["state"] == "completed" and final.get("error"):
             print(f"reason    {final['error']}")
-        verdict = (final.get("environment_evaluation") or {}).get("verdict")
+        verdict = (final.get("environment_evaluation") or {}).get("verdict") or _environment_eval_skipped(final)
         if verdict:
             print(f"env eval  {verdict}")
     if ended is not None:
@@ -219,7 +219,27 @@ def _follow(client: KilnClient, status: dict, args) -> int:
         status = fetch_through_restarts(lambda: client.get(path))
     if args.json:
         print_json(status)
+    elif status["state"] == "completed":  # what `kiln openenv train` says at its end too (QA: start ended silent)
+        for warning in status.get("warnings") or []:
+            print(f"warning   {warning}")
+        if not status.get("training") and status.get("error"):
+            print(f"reason    {status['error']}")
+        verdict = (status.get("environment_evaluation") or {}).get("verdict")
+        skipped = _environment_eval_skipped(status)
+        if verdict or skipped:
+            print(f"env eval  {verdict or skipped}")
     return _outcome(status)
+
+
+def _environment_eval_skipped(status: dict) -> str | None:
+    """Why a held-out evaluation the request asked for never ran (nothing was trained, so there is no
+    candidate); None when it ran, runs, or was not asked for."""
+    asked = (status.get("request") or {}).get("environment_eval")
+    if asked and not status.get("environment_evaluation") and status["state"] == "completed" \
+            and not status.get("training"):
+        gate = " and its gate" if isinstance(asked, dict) and asked.get("gate") is not None else ""
+        return f"not run{gate}: no training job was created, so there is no candidate adapter to evaluate"
+    return None
 
 
 def _outcome(status: dict) -> int:
@@ -265,6 +285,9 @@ def _show(status: dict, args) -> int:
             print(line)
     elif status.get("error"):
         print(f"reason    {status['error']}")
+    skipped = _environment_eval_skipped(status)
+    if skipped:
+        print(f"env eval  {skipped}")
     return 0
 
 
