@@ -60,14 +60,9 @@ def _check_token_throttle(request) -> None:
 
 
 def _count_bad_token(request) -> None:
-    from django.core.cache import cache
+    from core.accounts.login_throttle import count_in_window
 
-    key = _bad_token_key(request)
-    if not cache.add(key, 1, BAD_TOKEN_WINDOW_SECONDS):
-        try:
-            cache.incr(key)
-        except ValueError:  # expired between add and incr
-            cache.add(key, 1, BAD_TOKEN_WINDOW_SECONDS)
+    count_in_window(_bad_token_key(request), BAD_TOKEN_WINDOW_SECONDS)
 
 
 def api_auth(request):

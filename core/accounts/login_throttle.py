@@ -21,16 +21,19 @@ def _key(request) -> str:
     return f"kiln:bad-login:{request.META.get('REMOTE_ADDR', '') if request is not None else ''}"
 
 
-def count_failed_login(sender, credentials=None, request=None, **kwargs) -> None:
-    """`user_login_failed` receiver: one more wrong login from the request's address."""
-    if request is None:
-        return
-    key = _key(request)
-    if not cache.add(key, 1, LOGIN_ADDRESS_WINDOW_SECONDS):
+def count_in_window(key: str, window_seconds: int) -> None:
+    """One more under `key` in the cache; the count lapses `window_seconds` after its first."""
+    if not cache.add(key, 1, window_seconds):
         try:
             cache.incr(key)
         except ValueError:  # expired between add and incr
-            cache.add(key, 1, LOGIN_ADDRESS_WINDOW_SECONDS)
+            cache.add(key, 1, window_seconds)
+
+
+def count_failed_login(sender, credentials=None, request=None, **kwargs) -> None:
+    """`user_login_failed` receiver: one more wrong login from the request's address."""
+    if request is not None:
+        count_in_window(_key(request), LOGIN_ADDRESS_WINDOW_SECONDS)
 
 
 class LoginAddressThrottleMiddleware:
