@@ -186,7 +186,11 @@ def test_an_existing_name_a_bad_name_and_missing_fields_are_refused(api, home, p
     before = registry_entries(home)
     error(upload(api, "taken", folder_archive(peft_adapter)), 409, "adapter_already_exists")
     (home / "adapters" / "stray").mkdir()  # a folder without a row still holds the name
-    error(upload(api, "stray", folder_archive(peft_adapter)), 409, "adapter_already_exists")
+    stray = upload(api, "stray", folder_archive(peft_adapter))
+    assert "which is no registered adapter" in error(stray, 409, "adapter_already_exists")
+    # no delete reaches such a folder, so the hint names it, not a delete (QA: a demoted <name>.failed)
+    assert f"remove {home / 'adapters' / 'stray'} by hand" in stray.json()["error"]["hint"]
+    assert "delete" not in stray.json()["error"]["hint"]
     error(upload(api, "../up", folder_archive(peft_adapter)), 400, "invalid_adapter_name")
     error(api.post("/v1/adapters/upload", data={"name": "x"}), 400, "adapter_upload_invalid")
     assert registry_entries(home) == sorted([*before, "stray"])
