@@ -260,8 +260,11 @@ def run(args) -> int:
         if not args.no_workers:
             for name, extra in WORKERS.items():
                 supervisor.spawn(name, [sys.executable, "-m", "kiln_project.cli.main", "worker", *extra])
+        # --application-close-timeout: a dashboard socket closed while its consumer still drains queued
+        # updates (a busy training pushes ~14 a second) on a loaded machine outlived daphne's 10 s, and
+        # daphne logged a WARNING that it killed it (QA, 2 cores under load)
         supervisor.spawn("web", [sys.executable, "-m", "daphne", "-b", config.host, "-p", str(config.port),
-                                 "kiln_project.asgi:application"])
+                                 "--application-close-timeout", "30", "kiln_project.asgi:application"])
         print(f"kiln: serving on http://{config.host}:{config.port}/ui/ (profile {config.serving_profile})",
               flush=True)
         if not config.allow_anonymous_api and config.layout.cli_token.is_file():

@@ -142,7 +142,7 @@ class Stack:
 
     def start_web(self) -> None:
         self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                           "kiln_project.asgi:application"])
+                           "--application-close-timeout", "30", "kiln_project.asgi:application"])  # as kiln serve
         wait_until(self._web_up, 30, what="daphne to answer /health")
 
     def _web_up(self) -> bool:
