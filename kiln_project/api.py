@@ -15,7 +15,7 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
 
-from core.accounts.auth import api_auth, require_api_user
+from core.accounts.auth import anonymous_refusal_hint, api_auth, require_api_user
 from core.errors import (
     DISK_FULL_CODE,
     DISK_FULL_HINT,
@@ -222,7 +222,7 @@ def _unauthorized(request, exc):
                         "the credentials were not accepted: the bearer token is unknown, revoked or expired",
                         "send Authorization: Bearer <token> with a live token (create one with: kiln token create "
                         "USER)")
-    return _respond(request, 401, "unauthorized", "authentication required",
+    return _respond(request, 401, "unauthorized", "authentication required", anonymous_refusal_hint(request) or
                     "send Authorization: Bearer <token> (create one with: kiln token create USER)")
 
 

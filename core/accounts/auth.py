@@ -129,6 +129,19 @@ def _named_for_this_machine(request) -> bool:
         return False
 
 
+def anonymous_refusal_hint(request) -> str | None:
+    """Why a loopback caller without credentials was refused where anonymous loopback access is on."""
+    if not (settings.KILN.allow_anonymous_api and _is_loopback(request)):
+        return None
+    if not _named_for_this_machine(request):
+        return ("anonymous access answers programs that address this machine as localhost or 127.0.0.1 (a page "
+                "whose name was rebound to it must not get it): use http://127.0.0.1:PORT, or send Authorization: "
+                "Bearer <token> (kiln token create USER)")
+    if _from_a_web_page(request):
+        return "a request a browser sends for a web page gets no anonymous access: log in, or send a Bearer token"
+    return None
+
+
 def _from_a_web_page(request) -> bool:
     """Whether a browser sent this on behalf of a page. Anonymous loopback access is for programs on
     this machine (curl, the openai client, scripts); any web page the user has open could otherwise

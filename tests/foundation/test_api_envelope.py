@@ -186,7 +186,9 @@ def test_anonymous_api_only_when_enabled_and_from_loopback(client, settings):
                                 HTTP_ORIGIN="https://evil.example"), 401, "unauthorized")
     # DNS rebinding: a page whose name now resolves to 127.0.0.1 sends its own name as Host (QA: answered)
     for host in ("evil.example", "evil.example:8420", "127.0.0.1.evil.example"):
-        _assert_envelope(client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1", HTTP_HOST=host), 401, "unauthorized")
+        rebound = client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1", HTTP_HOST=host)
+        _assert_envelope(rebound, 401, "unauthorized")
+        assert "use http://127.0.0.1:PORT" in rebound.json()["error"]["hint"]
     for host in ("127.0.0.1:8420", "localhost:8420", "LOCALHOST", "[::1]:8420", "127.0.0.2"):
         assert client.get("/v1/jobs", REMOTE_ADDR="127.0.0.1", HTTP_HOST=host).status_code == 200, host
 
