@@ -102,22 +102,17 @@ def _train(client: KilnClient, args) -> int:
             raise
         copies = [f"warning   the run's collection could not be copied: {error.line()}"]  # the failure stays first
     if not args.json:
-        for line in copies:
-            print(line)
-        for warning in final.get("warnings") or []:
-            print(f"warning   {warning}")
+        adapter_lines = []
         training = final.get("training") or {}
         if training.get("adapter_name") and _published_adapter(final):
-            print(f"adapter   {training['adapter_name']} (training job {training['job_id']}; receipt: kiln openenv "
-                  f"artifact {final['run_id']} train_receipt --output train_receipt.json)")
+            adapter_lines.append(f"adapter   {training['adapter_name']} (training job {training['job_id']}; receipt: "
+                                 f"kiln openenv artifact {final['run_id']} train_receipt --output train_receipt.json)")
             if final["state"] != "completed":  # published before the run failed; auto_load may have made it serve
                 how = "was cancelled" if final["state"] == "cancelled" else final["state"]
-                print(f"          it was published before the run {how}; kiln adapters list shows whether it serves")
-        elif final["state"] == "completed" and final.get("error"):
-            print(f"reason    {final['error']}")
-        verdict = (final.get("environment_evaluation") or {}).get("verdict") or _environment_eval_skipped(final)
-        if verdict:
-            print(f"env eval  {verdict}")
+                adapter_lines.append(f"          it was published before the run {how}; kiln adapters list shows "
+                                     "whether it serves")
+        for line in [*copies, *_closing_lines(final, adapter_lines)]:
+            print(line)
     if ended is not None:
         raise ended
     return code
@@ -198,14 +193,21 @@ def _start(client: KilnClient, args) -> int:
     status, created = post_run(client, body)
     if not created:  # stderr: --json keeps stdout one JSON document
         print(f"kiln: note: {retained_note(status)}", file=sys.stderr, flush=True)
-    if args.follow:
-        if not args.json:
-            print(f"run {status['run_id']} {status['state']} (sequence {status['admission']['sequence']})")
-        return _follow(client, status, args)
-    return _show(status, args)
+    if not args.follow:
+        return _show(status, args)
+    if not args.json:
+        print(f"run {status['run_id']} {status['state']} (sequence {status['admission']['sequence']})")
+    final = _follow_to_end(client, status, args)
+    if args.json:
+        print_json(final)
+    elif final["state"] == "completed":  # what `kiln openenv train` says at its end (QA: start ended silent)
+        for line in _closing_lines(final):
+            print(line)
+    return _outcome(final)
 
 
-def _follow(client: KilnClient, status: dict, args) -> int:
+def _follow_to_end(client: KilnClient, status: dict, args) -> dict:
+    """Print each new progress line (not with --json) until the run ends; its last status."""
     path = _path(status["run_id"])
     last = None
     while True:
@@ -214,21 +216,29 @@ def _follow(client: KilnClient, status: dict, args) -> int:
             print(line, flush=True)
             last = line
         if status["state"] in TERMINAL:
-            break
+            return status
         time.sleep(POLL_SECONDS)
         status = fetch_through_restarts(lambda: client.get(path))
+
+
+def _follow(client: KilnClient, status: dict, args) -> int:
+    final = _follow_to_end(client, status, args)
     if args.json:
-        print_json(status)
-    elif status["state"] == "completed":  # what `kiln openenv train` says at its end too (QA: start ended silent)
-        for warning in status.get("warnings") or []:
-            print(f"warning   {warning}")
-        if not status.get("training") and status.get("error"):
-            print(f"reason    {status['error']}")
-        verdict = (status.get("environment_evaluation") or {}).get("verdict")
-        skipped = _environment_eval_skipped(status)
-        if verdict or skipped:
-            print(f"env eval  {verdict or skipped}")
-    return _outcome(status)
+        print_json(final)
+    return _outcome(final)
+
+
+def _closing_lines(final: dict, adapter_lines: list[str] = ()) -> list[str]:
+    """A followed run's last words: its warnings, the adapter it published (train's lines) or else why a
+    completed run trained nothing, and the held-out evaluation's verdict, or why it never ran."""
+    lines = [f"warning   {warning}" for warning in final.get("warnings") or []]
+    lines += adapter_lines
+    if not adapter_lines and final["state"] == "completed" and final.get("error"):
+        lines.append(f"reason    {final['error']}")
+    verdict = (final.get("environment_evaluation") or {}).get("verdict") or _environment_eval_skipped(final)
+    if verdict:
+        lines.append(f"env eval  {verdict}")
+    return lines
 
 
 def _environment_eval_skipped(status: dict) -> str | None:

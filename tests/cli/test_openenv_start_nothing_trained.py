@@ -52,3 +52,16 @@ def test_start_follow_says_why_nothing_was_trained_and_that_the_evaluation_did_n
     serve_commands(monkeypatch, [openenv_runs_cmd], _answer(body))
     code, out, _ = run_cli(capsys, "openenv", "start", "--request", str(request), "--follow")
     assert code == 0 and "env eval" not in out and f"reason    {REASON}" in out
+
+
+def test_train_says_each_closing_line_once(monkeypatch, capsys, tmp_path):
+    """`train` follows the run as `start --follow` does, then prints its own closing lines: once each."""
+    body = {"kind": "train", "environment_eval": {"groups": 20, "gate": {"min_mean_improvement": 0.1}}}
+    serve_commands(monkeypatch, [openenv_runs_cmd], _answer(body))
+    code, out, err = run_cli(capsys, "openenv", "train", "--environment", "http://127.0.0.1:8990", "--output-adapter",
+                             "guess-v1", "--output", str(tmp_path / "e.jsonl"), "--replay-output",
+                             str(tmp_path / "e.replay.json"), "--summary-output", str(tmp_path / "e.summary.json"))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines.count(f"warning   {WARNING}") == 1 and lines.count(f"reason    {REASON}") == 1
+    assert sum(line.startswith("env eval  not run") for line in lines) == 1
