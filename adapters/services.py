@@ -431,13 +431,14 @@ def adapter_upload(*, name: str, archive, size: int | None, actor=None, filename
     exists = KilnError("adapter_already_exists", f"an adapter named {name!r} already exists", status=409, field="name",
                        hint="upload under a new versioned name, or delete the old one first")
     root = adapters_root()
-    if not Adapter.objects.filter(name=name).exists() and (root / name).exists():
+    registered = Adapter.objects.filter(name=name).exists()
+    if not registered and (root / name).exists():
         # a folder the registry does not list (a gate's demoted `<name>.failed`, a copy put there by hand):
         # no delete reaches it, so the usual hint would send the user in circles (QA)
         raise KilnError("adapter_already_exists", f"the adapters folder already holds {name!r}, which is no "
                         "registered adapter (a demoted one is kept as <name>.failed for audit)", status=409,
                         field="name", hint=f"upload under a new versioned name, or remove {root / name} by hand")
-    if Adapter.objects.filter(name=name).exists() or (root / name).exists() or adapter_checkpoints(name):
+    if registered or adapter_checkpoints(name):
         raise exists
     if settings.KILN.model_path is None:
         raise KilnError("mock_mode", "no base model is configured, so an uploaded adapter cannot be checked",

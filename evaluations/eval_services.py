@@ -81,15 +81,15 @@ def _target(value, field: str) -> dict:
     if adapter is None or adapter_published_path(name=name) is None:
         raise invalid(f"no published adapter named {name!r}", field,
                       "list adapters with GET /v1/adapters; null (or 'base') is the base model")
-    if adapter.quarantined and not adapter.loaded:
-        # every example would be refused at inference and the job "complete" with accuracy 0 (QA)
-        from adapters.serving.selectors import require_servable_adapter
+    # serving's own check: a quarantined adapter's every example would be refused at inference and the
+    # job "complete" with accuracy 0 (QA)
+    from adapters.serving.selectors import require_servable_adapter
 
-        try:
-            require_servable_adapter(name)
-        except KilnError as exc:
-            raise KilnError(exc.code, f"{field}: {exc.message}; it cannot be evaluated", status=exc.status,
-                            field=field, hint=exc.hint) from None
+    try:
+        require_servable_adapter(name)
+    except KilnError as exc:
+        raise KilnError(exc.code, f"{field}: {exc.message}; it cannot be evaluated", status=exc.status,
+                        field=field, hint=exc.hint) from None
     return {"adapter": name, "content_sha256": adapter.content_sha256 or None}
 
 

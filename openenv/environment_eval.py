@@ -87,9 +87,12 @@ Progress = Callable[[dict], None]
 
 # --- checks between the sides ------------------------------------------------------------------
 
+def _identity_differences(left: dict, right: dict) -> list[str]:
+    return [k for k in sorted(set(left) | set(right)) if left.get(k) != right.get(k)]
+
+
 def _environment_differences(before: dict, after: dict) -> list[str]:
-    left, right = before.get("identity") or {}, after.get("identity") or {}
-    changed = [k for k in sorted(set(left) | set(right)) if left.get(k) != right.get(k)]
+    changed = _identity_differences(before.get("identity") or {}, after.get("identity") or {})
     schema_a, schema_b = before.get("schema") or {}, after.get("schema") or {}
     changed += [f"schema.{k}" for k in ("action", "observation", "state") if schema_a.get(k) != schema_b.get(k)]
     return changed
@@ -119,14 +122,12 @@ def check_training_identities(trained_on: list[dict] | None, inspections: list) 
         now = seen.get(url)
         if now is None:
             raise identity_error(f"{url}, which training collected from, is not among the evaluation's environments")
-        changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+        changed = _identity_differences(before, now)
         if changed:
-            raise EnvironmentEvalError(
-                "environment_eval_identity_changed",
-                f"{url} is not the environment the adapter was trained on ({', '.join(changed)} changed since the "
-                "training episodes were collected); nothing was published", failure_code="environment_identity_changed",
-                hint="the environment was redeployed or reconfigured after collection: evaluate on the deployment "
-                     "the adapter was trained on, or collect and train again")
+            raise identity_error(f"{url} is not the environment the adapter was trained on ({', '.join(changed)} "
+                                 "changed since the training episodes were collected); nothing was published",
+                                 hint="the environment was redeployed or reconfigured after collection: evaluate on "
+                                      "the deployment the adapter was trained on, or collect and train again")
 
 
 def _check_adapter(side: str, behavior: dict, policy: EvalPolicy) -> None:

@@ -49,10 +49,10 @@ class EnvironmentEvalCancelled(Exception):
     """`should_stop()` said stop: the collection in flight was cancelled and nothing was published."""
 
 
-def identity_error(message: str) -> EnvironmentEvalError:
+def identity_error(message: str, hint: str = "the environment was redeployed or reconfigured between the baseline "
+                                             "and the candidate; run the evaluation again") -> EnvironmentEvalError:
     return EnvironmentEvalError("environment_eval_identity_changed", message, failure_code="environment_identity_changed",
-                                hint="the environment was redeployed or reconfigured between the baseline and the "
-                                     "candidate; run the evaluation again")
+                                hint=hint)
 
 
 def policy_error(message: str) -> EnvironmentEvalError:

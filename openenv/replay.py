@@ -30,6 +30,9 @@ from openenv.verify import verify
 REPLAY_RUN_SCHEMA = "kiln.openenv-replay-run.v1"
 
 
+ABSENT = object()  # a field one side of a divergence lacks (null would read as a value)
+
+
 def _divergence(group: dict, candidate: dict, step, field: str, expected, actual) -> dict:
     return {"group_index": group["group_index"], "candidate_index": candidate["candidate_index"],
             "step_index": step, "field": field, "expected": expected, "actual": actual}
@@ -45,8 +48,6 @@ def _compare(group, candidate, step, field, expected, actual) -> dict | None:
         divergence["absent"] = "expected" if was is ABSENT else "actual"
     return divergence
 
-
-ABSENT = object()
 
 
 def _pick(value, path: str, root: str):

@@ -108,9 +108,6 @@ def _anonymous_allowed(request) -> bool:
         and not _from_a_web_page(request)
 
 
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
-
-
 def _named_for_this_machine(request) -> bool:
     """Whether the Host a request names is this machine's loopback (or a host the operator configured).
     A page whose own name was rebound to 127.0.0.1 (DNS rebinding) reaches the loopback socket, but it
@@ -121,7 +118,7 @@ def _named_for_this_machine(request) -> bool:
     if host is None:
         return True  # no name at all (HTTP/1.0): no page's name either
     domain, _ = split_domain_port(host)
-    if validate_host(domain, [*LOOPBACK_NAMES, *settings.KILN.allowed_hosts]):
+    if validate_host(domain, [*settings.LOOPBACK_HOSTS, *settings.KILN.allowed_hosts]):
         return True
     try:
         return ipaddress.ip_address(domain.strip("[]")).is_loopback

@@ -18,7 +18,7 @@ LOGIN_PATHS = ("/ui/login/", "/admin/login/")
 
 
 def _key(request) -> str:
-    return f"kiln:bad-login:{request.META.get('REMOTE_ADDR', '') if request is not None else ''}"
+    return f"kiln:bad-login:{request.META.get('REMOTE_ADDR', '')}"
 
 
 def count_in_window(key: str, window_seconds: int) -> None:

@@ -25,7 +25,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from core.canonical import json_digest
-from core.contracts.groups import MAX_REWARD_MAGNITUDE, REWARD_RANGE
+from core.contracts.groups import MAX_REWARD_MAGNITUDE, REWARD_RANGE, reward_in_range
 from openenv.client.errors import ActionError, OpenEnvActionSchemaInvalid, OpenEnvInvalidReward
 from openenv.client.http import JsonError, strict_json
 
@@ -171,10 +171,9 @@ def reward_value(wire: Any) -> float:
     if wire is True:
         return 1.0
     if isinstance(wire, (int, float)):
-        value = float(wire) if abs(wire) <= MAX_REWARD_MAGNITUDE else math.inf  # float(10**400) raises
-        if math.isfinite(value):
-            return value
-        if not isinstance(wire, float) or math.isfinite(wire):  # a finite number past what training takes
+        if reward_in_range(wire):
+            return float(wire)
+        if isinstance(wire, int) or math.isfinite(wire):  # a finite number past what training takes
             raise OpenEnvInvalidReward(f"the reward {_short(wire)} is out of range: it must be {REWARD_RANGE}",
                                        hint="scale the environment's rewards; Kiln trains on rewards of at most "
                                             "2**53 in size, and checks every step's")
