@@ -19,9 +19,10 @@ from pathlib import Path
 from adapters.verify import Chain, broken, ok, register_link, row_intact
 from core.canonical import canonical_json, sha256_digest
 from core.models import Receipt, ReceiptKind
-from openenv.environment_eval_records import FILES, EvalPlan
+from openenv.environment_eval_records import FILES
 from openenv.environment_gate import (
     EnvironmentGateError,
+    GateThresholds,
     final_outcome,
     group_returns_of,
     paired_return_sign_test_v1,
@@ -64,13 +65,10 @@ def _recomputed(body: dict, folder: Path) -> tuple[str | None, dict | None, str]
         if summaries[side] is None:
             return None, None, why
     try:
-        interval = body.get("train_seed_interval") or {}
-        plan = EvalPlan.of({k: v for k, v in (body.get("config") or {}).items() if k != "seed_start"},
-                           train_seed_start=int(interval.get("seed_start", 0)),
-                           train_groups=int(interval.get("groups", 0)))
+        thresholds = GateThresholds.of((body.get("config") or {}).get("gate"))  # the receipt's own config
         gate = paired_return_sign_test_v1(baseline=group_returns_of(summaries["baseline"]),
-                                          candidate=group_returns_of(summaries["candidate"]), gate=plan.gate)
-    except (EnvironmentGateError, ValueError, TypeError, KeyError) as exc:
+                                          candidate=group_returns_of(summaries["candidate"]), gate=thresholds)
+    except (EnvironmentGateError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return None, None, f"the gate cannot be recomputed: {exc}"
     auto_load = bool((body.get("promotion") or {}).get("auto_load", True))
     return final_outcome(gate.decision, auto_load), gate.evidence, ""
